@@ -107,7 +107,12 @@ def check_args(args):
     if args.learning_rate <= 0 or args.weight_decay_rate < 0:
         raise UsageError("--learning_rate must be positive and --weight_decay_rate not negative.")
     if args.cpu_replicas > 1 and not args.no_tpu:
-        raise UsageError("--cpu_replicas only applies with --no_tpu.")
+        raise UsageError(f"--cpu_replicas {args.cpu_replicas} only applies with --no_tpu.")
+    if args.cpu_replicas > 1 and args.jit_compile:
+        raise UsageError(
+            f"--jit_compile cannot be combined with --cpu_replicas {args.cpu_replicas}: XLA on the CPU cannot "
+            "reach variables placed on another logical device; run the two checks separately."
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -414,8 +419,7 @@ def training_callbacks(args, tokenizer, total_steps):
     class Perplexity(tf_keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if logs is not None and "val_loss" in logs:
-                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
-                print(f"epoch {epoch + 1}: val_loss {logs['val_loss']:.4f}, val_perplexity {logs['val_perplexity']:.2f}")
+                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
 
     callbacks = [StopAtStep(), Perplexity()]
     if args.hub_model_id:
@@ -514,7 +518,7 @@ def main(args):
         validation_data=eval_dataset,
         validation_steps=eval_steps or None,
         callbacks=training_callbacks(args, tokenizer, total_steps),
-        verbose=2 if os.environ.get("CI") else "auto",
+        verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
     )
     save(model, tokenizer, args.output_dir)
     print(f"Saved the model and tokenizer to {args.output_dir} after {int(model.optimizer.iterations.numpy())} steps.")
