@@ -30,6 +30,8 @@ import json
 import os
 import sys
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter out of the log
+
 LOCAL_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 SPLITS = ("train", "validation", "test")
 MANIFEST_NAME = "manifest.json"
@@ -77,10 +79,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def is_gcs(path):
-    return path.startswith("gs://")
-
-
 def local_split_file(args):
     return {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}[args.split]
 
@@ -117,18 +115,23 @@ def load_split(args):
     import datasets
 
     path = local_split_file(args)
-    if path is not None:
-        builder = LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
-        dataset = datasets.load_dataset(builder, data_files={args.split: path}, split=args.split)
-    else:
-        extra = {"trust_remote_code": True} if args.trust_remote_code else {}
-        splits = datasets.load_dataset(args.dataset_name, args.dataset_config, **extra)
+    try:
+        if path is not None:
+            builder = LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
+            splits = datasets.load_dataset(builder, data_files={args.split: path})
+        else:
+            extra = {"trust_remote_code": True} if args.trust_remote_code else {}
+            splits = datasets.load_dataset(args.dataset_name, args.dataset_config, **extra)
+    except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
+        source = path or f"{args.dataset_name}/{args.dataset_config} from the Hub"
+        raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
+    if path is None:
         if args.split not in splits:
             raise UsageError(
                 f"--split {args.split} is not in {args.dataset_name}/{args.dataset_config}, "
                 f"which has {sorted(splits)}; pick one of those."
             )
-        dataset = splits[args.split]
+    dataset = splits[args.split]
     if args.text_column not in dataset.column_names:
         raise UsageError(
             f"--text_column {args.text_column!r} is not in the data, whose columns are {dataset.column_names}; "
@@ -137,6 +140,19 @@ def load_split(args):
     if args.limit is not None:
         dataset = dataset.select(range(min(args.limit, len(dataset))))
     return dataset
+
+
+def first_line(error):
+    """A library error on one line: its own first line, and the root cause's when that differs."""
+
+    def describe(exception):
+        text = str(exception).strip()
+        return f"{type(exception).__name__}: {text.splitlines()[0]}" if text else type(exception).__name__
+
+    root = error
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+    return describe(error) if root is error else f"{describe(error)} ({describe(root)})"
 
 
 def load_tokenizer(name_or_path, trust_remote_code):
@@ -150,8 +166,7 @@ def load_tokenizer(name_or_path, trust_remote_code):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {reason}") from None
+        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)}") from None
     if not tokenizer.is_fast:
         raise UsageError(f"the tokenizer {name_or_path!r} is not a fast tokenizer; train one with train_unigram.py.")
     return tokenizer

@@ -142,7 +142,15 @@ def build_strategy(args):
         return tf.distribute.MirroredStrategy()  # every visible GPU; narrow with CUDA_VISIBLE_DEVICES
     if args.cpu_replicas > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas)
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas
+            )
+        except RuntimeError:
+            raise UsageError(
+                f"--cpu_replicas {args.cpu_replicas} must take effect before TensorFlow starts; "
+                "call run_mlm.py in a fresh process."
+            ) from None
         return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
     return tf.distribute.get_strategy()
 

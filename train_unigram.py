@@ -91,12 +91,16 @@ def load_corpus(args):
     """The training split as a datasets.Dataset, from a local file or the Hub."""
     import datasets
 
-    if args.train_file is not None:
-        builder = LOCAL_FILE_BUILDERS[os.path.splitext(args.train_file)[1].lower()]
-        dataset = datasets.load_dataset(builder, data_files={"train": args.train_file}, split="train")
-    else:
-        extra = {"trust_remote_code": True} if args.trust_remote_code else {}
-        dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split="train", **extra)
+    try:
+        if args.train_file is not None:
+            builder = LOCAL_FILE_BUILDERS[os.path.splitext(args.train_file)[1].lower()]
+            dataset = datasets.load_dataset(builder, data_files={"train": args.train_file}, split="train")
+        else:
+            extra = {"trust_remote_code": True} if args.trust_remote_code else {}
+            dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split="train", **extra)
+    except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
+        source = args.train_file or f"{args.dataset_name}/{args.dataset_config} from the Hub"
+        raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
     if args.text_column not in dataset.column_names:
         raise UsageError(
             f"--text_column {args.text_column!r} is not in the corpus, whose columns are {dataset.column_names}; "
@@ -105,6 +109,19 @@ def load_corpus(args):
     if args.limit is not None:
         dataset = dataset.select(range(min(args.limit, len(dataset))))
     return dataset
+
+
+def first_line(error):
+    """A library error on one line: its own first line, and the root cause's when that differs."""
+
+    def describe(exception):
+        text = str(exception).strip()
+        return f"{type(exception).__name__}: {text.splitlines()[0]}" if text else type(exception).__name__
+
+    root = error
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+    return describe(error) if root is error else f"{describe(error)} ({describe(root)})"
 
 
 def iterate_text(dataset, text_column, batch_size):

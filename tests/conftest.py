@@ -1,0 +1,192 @@
+"""Shared fixtures: a tiny deterministic corpus, a tokenizer and TFRecord shards built once per session.
+
+Everything runs offline: nothing is fetched from the Hub, and the Hugging Face caches point into pytest's
+temporary folder so that the tests never write into the user's cache.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Before TensorFlow, transformers or datasets are imported anywhere (the root scripts import them lazily).
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+VOCAB_SIZE = 400
+MAX_LENGTH = 32
+SHARD_SIZE = 100  # train shards: a few full ones and a smaller last one
+TINY_MODEL = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
+
+_WORDS = """
+the a of and to in is was for on that with as by at from it an be this which or are were has had have not
+but all they their one more time new two first after other also some when into its only than can then most
+about over under between before city river house garden school music story king queen water light stone
+bridge market forest mountain island village road tower field summer winter morning evening people children
+teacher farmer doctor writer painter sailor museum library harbour window letter small large old young green
+quiet bright dark famous ancient northern southern long short heavy narrow built opened wrote played walked
+found carried painted crossed visited described followed remembered answered gathered
+""".split()
+_RARE = ["café", "naïve", "Zürich", "façade", "1984", "2023", "42", "—", "déjà", "jalapeño", "ｆｕｌｌ"]
+
+
+def _sentence(rng):
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 18))]
+    if rng.random() < 0.15:
+        words.insert(rng.randrange(len(words)), rng.choice(_RARE))
+    text = " ".join(words)
+    return text[0].upper() + text[1:] + rng.choice([".", ".", ".", "!", "?", ";"])
+
+
+def make_corpus_lines(count, seed):
+    """`count` lines of English-ish prose; some lines are empty or hold only whitespace."""
+    rng = random.Random(seed)
+    lines = []
+    for index in range(count):
+        if index % 9 == 4:
+            lines.append("")
+        elif index % 23 == 11:
+            lines.append(" \t  ")
+        else:
+            lines.append(" ".join(_sentence(rng) for _ in range(rng.randint(1, 3))))
+    return lines
+
+
+def write_lines(path, lines):
+    path = Path(path)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def read_lines(path):
+    """The lines of a text file as the `text` dataset builder sees them (split on \\n only)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_hf_cache(tmp_path_factory):
+    """Point every Hugging Face cache into pytest's temporary folder (read once, when the libraries load)."""
+    loaded = [name for name in ("huggingface_hub", "datasets", "transformers") if name in sys.modules]
+    assert not loaded, f"{loaded} were imported before the cache could be redirected"
+    home = tmp_path_factory.mktemp("hf_home")
+    os.environ["HF_HOME"] = str(home)
+    os.environ["HF_DATASETS_CACHE"] = str(home / "datasets")
+    os.environ["HF_HUB_CACHE"] = str(home / "hub")
+    return home
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """train.txt and validation.txt of a small, deterministic corpus."""
+    folder = tmp_path_factory.mktemp("corpus")
+    return {
+        "train": write_lines(folder / "train.txt", make_corpus_lines(420, seed=0)),
+        "validation": write_lines(folder / "validation.txt", make_corpus_lines(110, seed=1)),
+    }
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(corpus, tmp_path_factory):
+    import train_unigram
+
+    output_dir = tmp_path_factory.mktemp("tokenizer")
+    argv = ["--train_file", str(corpus["train"]), "--vocab_size", str(VOCAB_SIZE), "--output_dir", str(output_dir)]
+    train_unigram.main(train_unigram.parse_args(argv))
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def shards_dir(corpus, tokenizer_dir, tmp_path_factory):
+    """<dir>/train (several shards) and <dir>/validation (one shard), both of MAX_LENGTH tokens."""
+    import prepare_tfrecord_shards as prepare
+
+    output_dir = tmp_path_factory.mktemp("shards")
+    for split, shard_size in (("train", SHARD_SIZE), ("validation", 10000)):
+        argv = [
+            f"--{split}_file", str(corpus[split]),
+            "--split", split,
+            "--tokenizer_name_or_path", str(tokenizer_dir),
+            "--max_length", str(MAX_LENGTH),
+            "--shard_size", str(shard_size),
+            "--output_dir", str(output_dir),
+        ]  # fmt: skip
+        prepare.main(prepare.parse_args(argv))
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """--config_overrides for a model small enough to train in seconds on a CPU."""
+    return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def read_manifest():
+    def read(split_dir):
+        return json.loads((Path(split_dir) / "manifest.json").read_text())
+
+    return read
+
+
+@pytest.fixture(scope="session")
+def read_records():
+    """All input_ids records of the given TFRecord files, in order, as a list of int lists (via tf.data)."""
+
+    def read(files, max_length=MAX_LENGTH):
+        import tensorflow as tf
+
+        features = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
+        dataset = tf.data.TFRecordDataset([str(path) for path in files])
+        return [
+            tf.io.parse_single_example(record, features)["input_ids"].numpy().tolist() for record in dataset
+        ]
+
+    return read
+
+
+def subprocess_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ""  # only the virtualenv's packages
+    return env
+
+
+@pytest.fixture(scope="session")
+def run_script():
+    """Run a root script as a subprocess (this interpreter, cwd = repo root); returns CompletedProcess."""
+
+    def run(script, *args, timeout=600):
+        command = [sys.executable, str(REPO / script), *[str(arg) for arg in args]]
+        return subprocess.run(
+            command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    return run
+
+
+def last_line(text):
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.fixture(scope="session")
+def last_nonempty_line():
+    return last_line

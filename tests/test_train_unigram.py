@@ -1,0 +1,139 @@
+import csv
+import json
+
+import pytest
+
+import train_unigram
+from conftest import VOCAB_SIZE, make_corpus_lines, read_lines, write_lines
+
+SPECIAL_TOKENS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
+
+
+def train(train_file, output_dir, *extra, vocab_size=VOCAB_SIZE):
+    argv = ["--train_file", str(train_file), "--vocab_size", str(vocab_size), "--output_dir", str(output_dir)]
+    return train_unigram.main(train_unigram.parse_args(argv + [str(arg) for arg in extra]))
+
+
+def load(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_saves_a_fast_tokenizer_with_the_special_tokens(tokenizer_dir, tokenizer):
+    assert (tokenizer_dir / "tokenizer.json").is_file()
+    assert (tokenizer_dir / "tokenizer_config.json").is_file()
+    assert tokenizer.is_fast
+    assert tokenizer.convert_ids_to_tokens(list(range(5))) == SPECIAL_TOKENS
+    assert tokenizer.cls_token == "[CLS]" and tokenizer.cls_token_id == 0
+    assert tokenizer.sep_token == "[SEP]" and tokenizer.sep_token_id == 1
+    assert tokenizer.unk_token == "<unk>" and tokenizer.unk_token_id == 2
+    assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id == 3
+    assert tokenizer.mask_token == "[MASK]" and tokenizer.mask_token_id == 4
+    assert sorted(tokenizer.all_special_ids) == [0, 1, 2, 3, 4]
+    assert len(SPECIAL_TOKENS) < len(tokenizer) <= VOCAB_SIZE
+    # The special tokens appear once each: the trainer's copies and the added tokens are the same ids.
+    vocab = tokenizer.get_vocab()
+    assert len(set(vocab.values())) == len(vocab) == len(tokenizer)
+
+
+def test_encoding_wraps_text_in_cls_and_sep(tokenizer):
+    ids = tokenizer("the river crossed the old city")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id
+    assert ids[-1] == tokenizer.sep_token_id
+    assert tokenizer.cls_token_id not in ids[1:-1] and tokenizer.sep_token_id not in ids[1:-1]
+    assert tokenizer.unk_token_id not in ids  # every character is in the corpus
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "the river crossed the old city"
+
+    pair = tokenizer("the river", "the city")
+    tokens = tokenizer.convert_ids_to_tokens(pair["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2 and tokens[-1] == "[SEP]"
+    assert pair["token_type_ids"][-1] == 1 and pair["token_type_ids"][0] == 0
+
+
+def test_text_is_nfkc_normalized(tokenizer):
+    assert tokenizer("ｔｈｅ ｒｉｖｅｒ")["input_ids"] == tokenizer("the river")["input_ids"]
+
+
+def test_mask_absorbs_the_space_before_it(tokenizer):
+    # A word that is a single piece, so "the <word> of" and "the [MASK] of" should line up token for token.
+    word = next(w for w in ("river", "city", "house", "stone", "water") if len(tokenizer.tokenize(" " + w)) == 1)
+    with_word = tokenizer.convert_ids_to_tokens(tokenizer(f"the {word} of")["input_ids"])
+    with_mask = tokenizer.convert_ids_to_tokens(tokenizer("the [MASK] of")["input_ids"])
+    assert len(with_mask) == len(with_word)
+    position = with_word.index("▁" + word)
+    assert with_mask[position] == "[MASK]"
+    assert with_mask[:position] == with_word[:position] and with_mask[position + 1 :] == with_word[position + 1 :]
+    assert with_mask[position - 1] != "▁"
+    assert "▁" not in with_mask
+
+
+def test_blank_lines_are_skipped(tmp_path):
+    lines = make_corpus_lines(150, seed=7)
+    with_blanks = write_lines(tmp_path / "with_blanks.txt", lines + ["", "   ", "\t"])
+    without_blanks = write_lines(tmp_path / "without_blanks.txt", [line for line in lines if line.strip()])
+    assert any(not line.strip() for line in read_lines(with_blanks))
+
+    train(with_blanks, tmp_path / "a", vocab_size=200)
+    train(without_blanks, tmp_path / "b", vocab_size=200)
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+
+
+def test_same_input_gives_byte_identical_tokenizer(corpus, tokenizer_dir, tmp_path):
+    expected = (tokenizer_dir / "tokenizer.json").read_bytes()
+    for run in range(3):
+        train(corpus["train"], tmp_path / f"run{run}")
+        assert (tmp_path / f"run{run}" / "tokenizer.json").read_bytes() == expected, f"run {run} differs"
+
+
+@pytest.mark.parametrize("extension", [".jsonl", ".csv"])
+def test_structured_input_with_text_column(corpus, tokenizer_dir, tmp_path, extension):
+    lines = read_lines(corpus["train"])
+    path = tmp_path / f"corpus{extension}"
+    if extension == ".jsonl":
+        with open(path, "w", encoding="utf-8") as file:
+            for index, line in enumerate(lines):
+                file.write(json.dumps({"id": index, "body": line if line else None}) + "\n")
+    else:
+        with open(path, "w", encoding="utf-8", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["id", "body"])
+            writer.writerows(enumerate(lines))
+
+    train(path, tmp_path / "tokenizer", "--text_column", "body")
+    tokenizer = load(tmp_path / "tokenizer")
+    assert tokenizer.is_fast and tokenizer.mask_token_id == 4
+    # Same text as the .txt corpus, so the same tokenizer, byte for byte.
+    expected = (tokenizer_dir / "tokenizer.json").read_bytes()
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == expected
+
+
+def test_wrong_text_column_is_a_usage_error(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"body": line}) + "\n" for line in make_corpus_lines(20, seed=3)))
+    with pytest.raises(train_unigram.UsageError, match="'text'.*body"):
+        train(path, tmp_path / "tokenizer")
+    assert not (tmp_path / "tokenizer").exists()
+
+
+def test_limit_uses_only_the_first_rows(corpus, tmp_path):
+    lines = read_lines(corpus["train"])
+    head = write_lines(tmp_path / "head.txt", lines[:100])
+    train(corpus["train"], tmp_path / "limited", "--limit", 100, vocab_size=200)
+    train(head, tmp_path / "head", vocab_size=200)
+    assert (tmp_path / "limited" / "tokenizer.json").read_bytes() == (tmp_path / "head" / "tokenizer.json").read_bytes()
+
+
+def test_existing_tokenizer_is_kept_unless_overwrite(corpus, tmp_path):
+    output_dir = tmp_path / "tokenizer"
+    small = write_lines(tmp_path / "small.txt", make_corpus_lines(60, seed=5))
+    train(small, output_dir, vocab_size=100)
+    before = (output_dir / "tokenizer.json").read_bytes()
+
+    with pytest.raises(train_unigram.UsageError, match="--overwrite_output_dir"):
+        train(corpus["train"], output_dir)
+    assert (output_dir / "tokenizer.json").read_bytes() == before
+
+    train(corpus["train"], output_dir, "--overwrite_output_dir")
+    assert (output_dir / "tokenizer.json").read_bytes() != before
+    assert len(load(output_dir)) > 100
