@@ -103,11 +103,17 @@ def check_args(args):
             )
         if not os.path.isfile(path):
             raise UsageError(f"--{args.split}_file {path} does not exist; pass a path to a text corpus file.")
+        if os.path.getsize(path) == 0:
+            raise UsageError(f"--{args.split}_file {path} is empty; pass a file with text in it.")
         extension = os.path.splitext(path)[1].lower()
         if extension not in LOCAL_FILE_BUILDERS:
             raise UsageError(
                 f"--{args.split}_file {path} has extension {extension!r}; use one of {sorted(LOCAL_FILE_BUILDERS)}."
             )
+
+
+def describe_source(args):
+    return local_split_file(args) or f"{args.dataset_name}/{args.dataset_config}"
 
 
 def load_split(args):
@@ -123,7 +129,7 @@ def load_split(args):
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
             splits = datasets.load_dataset(args.dataset_name, args.dataset_config, **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
-        source = path or f"{args.dataset_name}/{args.dataset_config} from the Hub"
+        source = path or f"{describe_source(args)} from the Hub"
         raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
     if path is None:
         if args.split not in splits:
@@ -177,6 +183,8 @@ def tokenize(dataset, tokenizer, args):
 
     def encode(batch):
         texts = [text for text in batch[args.text_column] if text is not None and text.strip()]
+        if not texts:  # the tokenizer refuses an empty batch
+            return {FEATURE_NAME: []}
         return {FEATURE_NAME: tokenizer(texts, add_special_tokens=True)["input_ids"]}
 
     return dataset.map(
@@ -238,8 +246,8 @@ def serialize(sequence):
     return tf.train.Example(features=tf.train.Features(feature={FEATURE_NAME: feature})).SerializeToString()
 
 
-def prepare_split_dir(args):
-    """The split's folder, emptied of any earlier or unfinished output; refuses to replace a finished one."""
+def check_split_dir(args):
+    """The split's folder; refuses to replace a finished split unless --overwrite_output_dir."""
     import tensorflow as tf
 
     split_dir = f"{args.output_dir.rstrip('/')}/{args.split}"
@@ -248,9 +256,15 @@ def prepare_split_dir(args):
             f"{split_dir} already holds a finished {args.split} split; "
             "pass --overwrite_output_dir to replace it, or choose another --output_dir."
         )
+    return split_dir
+
+
+def clear_split_dir(split_dir):
+    """Create the split's folder, emptied of any earlier or unfinished output of this script."""
+    import tensorflow as tf
+
     tf.io.gfile.makedirs(split_dir)
     remove_outputs(split_dir)
-    return split_dir
 
 
 def remove_outputs(split_dir):
@@ -296,8 +310,8 @@ def write_shards(args, tokenizer, tokenized, split_dir):
     records = sum(shard["records"] for shard in writer.shards)
     if records == 0:
         raise UsageError(
-            f"the {args.split} split has {dropped_tokens} tokens, fewer than one sequence of --max_length "
-            f"{args.max_length}; use more text or a smaller --max_length."
+            f"the {args.split} split ({describe_source(args)}) has {dropped_tokens} tokens, fewer than one "
+            f"sequence of --max_length {args.max_length}; use more text or a smaller --max_length."
         )
     return {
         "split": args.split,
@@ -310,7 +324,7 @@ def write_shards(args, tokenizer, tokenized, split_dir):
         "vocab_size": len(tokenizer),
         "special_token_ids": special_token_ids(tokenizer),
         "tokenizer": args.tokenizer_name_or_path,
-        "source": local_split_file(args) or f"{args.dataset_name}/{args.dataset_config}",
+        "source": describe_source(args),
         "features": {FEATURE_NAME: {"dtype": "int64", "shape": [args.max_length]}},
         "shards": writer.shards,
     }
@@ -318,17 +332,25 @@ def write_shards(args, tokenizer, tokenized, split_dir):
 
 def main(args):
     check_args(args)
+    import tensorflow as tf
+
+    split_dir = check_split_dir(args)  # before tokenizing: refusing after minutes of work helps nobody
     tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
     dataset = load_split(args)
     tokenized = tokenize(dataset, tokenizer, args)
     if len(tokenized) == 0:
-        raise UsageError(f"the {args.split} split has no non-blank text; check the input file and --text_column.")
-    split_dir = prepare_split_dir(args)
+        raise UsageError(
+            f"the {args.split} split ({describe_source(args)}) has no non-blank text; "
+            "check the input and --text_column."
+        )
+    clear_split_dir(split_dir)
     try:
         manifest = write_shards(args, tokenizer, tokenized, split_dir)
         write_manifest(split_dir, manifest)
     except BaseException:
         remove_outputs(split_dir)  # a later step must never pick up a half-written split
+        if not tf.io.gfile.listdir(split_dir):
+            tf.io.gfile.rmtree(split_dir)
         raise
     print(
         f"Wrote {manifest['records']} sequences of {args.max_length} tokens ({manifest['tokens']} tokens, "

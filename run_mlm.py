@@ -231,7 +231,8 @@ def load_tokenizer(name_or_path, trust_remote_code):
 def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids):
     """BERT masking in TF ops, stateless so the same seed always gives the same masks.
 
-    Of the non-special tokens, `mlm_probability` are chosen; of those 80% become [MASK], 10% a random
+    Of the non-special tokens (everything but the tokenizer's special tokens, <unk> included: predicting
+    "unknown" teaches nothing), `mlm_probability` are chosen; of those 80% become [MASK], 10% a random
     non-special token and 10% stay as they are. Labels are the original ids at chosen positions, -100
     elsewhere (the transformers loss skips -100).
     """
@@ -414,22 +415,15 @@ def build_model(config, args, total_steps, strategy):
 # Training loop helpers
 
 
-def training_callbacks(args, tokenizer, total_steps):
+def training_callbacks(args, tokenizer):
     import tf_keras
-
-    class StopAtStep(tf_keras.callbacks.Callback):
-        """fit() thinks in whole epochs; --max_steps may end partway through one."""
-
-        def on_train_batch_end(self, batch, logs=None):
-            if int(self.model.optimizer.iterations.numpy()) >= total_steps:
-                self.model.stop_training = True
 
     class Perplexity(tf_keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if logs is not None and "val_loss" in logs:
                 logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
 
-    callbacks = [StopAtStep(), Perplexity()]
+    callbacks = [Perplexity()]
     if args.hub_model_id:
         from transformers import PushToHubCallback
 
@@ -437,6 +431,32 @@ def training_callbacks(args, tokenizer, total_steps):
             PushToHubCallback(output_dir=args.output_dir, hub_model_id=args.hub_model_id, tokenizer=tokenizer)
         )
     return callbacks
+
+
+def fit_exact_steps(model, train_dataset, steps_per_epoch, total_steps, **fit_kwargs):
+    """Run exactly `total_steps` optimizer steps, evaluating after each pass over the train shards.
+
+    fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only stop it
+    between executions, so a --max_steps that ends mid-epoch would overshoot. Instead the whole passes run in
+    one fit() call and the shorter last pass in a second one, which skips the batches already consumed so
+    the data stream (order and masks) continues exactly where the first call stopped.
+    """
+    full_epochs, remainder = divmod(total_steps, steps_per_epoch)
+    history = None
+    if full_epochs:
+        history = model.fit(train_dataset, epochs=full_epochs, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+    if remainder:
+        earlier = history.history if history else {}
+        history = model.fit(
+            train_dataset.skip(full_epochs * steps_per_epoch),
+            initial_epoch=full_epochs,
+            epochs=full_epochs + 1,
+            steps_per_epoch=remainder,
+            **fit_kwargs,
+        )
+        for key, values in earlier.items():
+            history.history[key] = values + history.history.get(key, [])
+    return history
 
 
 def check_output_dir(args):
@@ -471,7 +491,6 @@ def save(model, tokenizer, output_dir):
 def main(args):
     check_args(args)
     strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
-    import tensorflow as tf
     import tf_keras
 
     check_output_dir(args)
@@ -498,8 +517,6 @@ def main(args):
     total_steps = args.num_epochs * steps_per_epoch
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
-    keras_epoch_steps = min(steps_per_epoch, total_steps)
-    keras_epochs = math.ceil(total_steps / keras_epoch_steps)
 
     tf_keras.utils.set_random_seed(args.seed)
     if args.bfloat16:
@@ -519,15 +536,17 @@ def main(args):
         f"{strategy.num_replicas_in_sync} replica(s) of {type(strategy).__name__}: {total_steps} steps of "
         f"{global_batch_size} x {max_length} tokens; {train_manifest['records']} train sequences."
     )
-    history = model.fit(
+    history = fit_exact_steps(
+        model,
         train_dataset,
-        epochs=keras_epochs,
-        steps_per_epoch=keras_epoch_steps,
+        steps_per_epoch,
+        total_steps,
         validation_data=eval_dataset,
         validation_steps=eval_steps or None,
-        callbacks=training_callbacks(args, tokenizer, total_steps),
+        callbacks=training_callbacks(args, tokenizer),
         verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
     )
+    tokenizer.model_max_length = max_length  # the longest input the position table accepts
     save(model, tokenizer, args.output_dir)
     print(f"Saved the model and tokenizer to {args.output_dir} after {int(model.optimizer.iterations.numpy())} steps.")
     return model, history

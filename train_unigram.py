@@ -33,8 +33,13 @@ class UsageError(Exception):
     """A mistake in the user's input: reported as one line, without a traceback."""
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
+    parser = OneLineErrorParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
     data = parser.add_argument_group("data (the Hub by default, or a local file)")
     data.add_argument("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
     data.add_argument("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
@@ -74,6 +79,8 @@ def check_args(args):
     if args.train_file is not None:
         if not os.path.isfile(args.train_file):
             raise UsageError(f"--train_file {args.train_file} does not exist; pass a path to a text corpus file.")
+        if os.path.getsize(args.train_file) == 0:
+            raise UsageError(f"--train_file {args.train_file} is empty; pass a file with text in it.")
         extension = os.path.splitext(args.train_file)[1].lower()
         if extension not in LOCAL_FILE_BUILDERS:
             raise UsageError(
@@ -182,7 +189,8 @@ def train_tokenizer(args, dataset):
         iterate_text(dataset, args.text_column, args.batch_size), trainer=trainer, length=len(dataset)
     )
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
-        raise UsageError("the corpus has no text to learn pieces from; check --train_file / --text_column.")
+        source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"
+        raise UsageError(f"the corpus {source} has no non-blank text to learn from; check it and --text_column.")
 
     tokenizer = Tokenizer.from_str(json.dumps(canonical_vocabulary(json.loads(tokenizer.to_str()))))
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")

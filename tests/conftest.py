@@ -183,10 +183,6 @@ def run_script():
 
 
 def last_line(text):
+    """The last non-empty line (tqdm's carriage returns count as line ends)."""
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
-
-
-@pytest.fixture(scope="session")
-def last_nonempty_line():
-    return last_line

@@ -20,7 +20,8 @@ def run_prepare(train_file, tokenizer_dir, output_dir, *extra, split="train", ma
 
 
 def expected_sequences(tokenizer, path, max_length):
-    """Packing computed independently: [CLS] line [SEP] for each non-blank line, concatenated, cut, remainder dropped."""
+    """The packing, computed independently: `[CLS] line [SEP]` for each non-blank line, all concatenated,
+    cut into max_length pieces, only the final remainder dropped."""
     stream = []
     for line in read_lines(path):
         if line.strip():
@@ -141,7 +142,8 @@ def test_jsonl_input_with_text_column(tokenizer_dir, tokenizer, tmp_path, read_r
 
     lines = make_corpus_lines(80, seed=11)
     path = tmp_path / "validation.jsonl"
-    path.write_text("".join(json.dumps({"body": line if line else None, "n": i}) + "\n" for i, line in enumerate(lines)))
+    rows = [{"body": line if line else None, "n": index} for index, line in enumerate(lines)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     manifest = run_prepare(path, tokenizer_dir, tmp_path / "out", "--text_column", "body", split="validation")
     expected, _ = expected_sequences(tokenizer, write_lines(tmp_path / "same.txt", lines), MAX_LENGTH)
     assert read_records(shard_files(tmp_path / "out" / "validation")) == expected

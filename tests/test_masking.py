@@ -1,0 +1,197 @@
+import argparse
+import math
+
+import numpy as np
+import pytest
+
+import run_mlm
+from conftest import MAX_LENGTH
+
+VOCAB = 1000
+SPECIAL_IDS = [0, 1, 2, 3, 4]  # [CLS] [SEP] <unk> <pad> [MASK], as train_unigram.py numbers them
+PAD_ID, MASK_ID = 3, 4
+SIGMAS = 5  # tolerance, in binomial standard deviations
+
+
+def within_binomial(count, trials, probability):
+    sigma = math.sqrt(trials * probability * (1 - probability))
+    return abs(count - trials * probability) <= SIGMAS * sigma
+
+
+def random_batch(seed, shape=(512, 128)):
+    """Random ordinary tokens with [CLS] / [SEP] / <unk> sprinkled in and padded tails, like real batches."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(len(SPECIAL_IDS), VOCAB, size=shape)
+    sprinkled = rng.random(shape) < 0.08
+    ids[sprinkled] = rng.choice([0, 1, 2], size=int(sprinkled.sum()))
+    ids[:, 0] = 0
+    for row, length in enumerate(rng.integers(shape[1] // 2, shape[1] + 1, size=shape[0])):
+        ids[row, length:] = PAD_ID
+    return ids.astype(np.int32)
+
+
+def mask(input_ids, seed=(1, 2), mlm_probability=0.15):
+    import tensorflow as tf
+
+    masked, labels = run_mlm.mask_tokens(
+        tf.constant(input_ids),
+        tf.constant(seed, dtype=tf.int64),
+        mlm_probability,
+        tf.constant(MASK_ID, dtype=tf.int32),
+        tf.constant(SPECIAL_IDS, dtype=tf.int32),
+        tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32),
+    )
+    return masked.numpy(), labels.numpy()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return random_batch(seed=0)
+
+
+@pytest.mark.parametrize("mlm_probability", [0.15, 0.4])
+def test_chosen_rate_and_80_10_10_split(batch, mlm_probability):
+    masked, labels = mask(batch, mlm_probability=mlm_probability)
+    assert masked.shape == labels.shape == batch.shape
+    candidates = ~np.isin(batch, SPECIAL_IDS)
+    chosen = labels != -100
+    assert within_binomial(chosen.sum(), candidates.sum(), mlm_probability), chosen.mean()
+
+    replacements = VOCAB - len(SPECIAL_IDS)
+    to_mask = chosen & (masked == MASK_ID)
+    kept = chosen & (masked == batch)
+    randomised = chosen & (masked != MASK_ID) & (masked != batch)
+    assert (to_mask | kept | randomised)[chosen].all()
+    trials = int(chosen.sum())
+    # A random replacement draws the original token 1 time in `replacements`: it then looks kept.
+    assert within_binomial(to_mask.sum(), trials, 0.8)
+    assert within_binomial(randomised.sum(), trials, 0.1 * (1 - 1 / replacements))
+    assert within_binomial(kept.sum(), trials, 0.1 + 0.1 / replacements)
+
+
+def test_special_tokens_and_padding_are_never_chosen(batch):
+    masked, labels = mask(batch, mlm_probability=0.9)
+    special = np.isin(batch, SPECIAL_IDS)
+    assert special.sum() > 0 and (batch == PAD_ID).sum() > 0
+    assert (labels[special] == -100).all()
+    assert (masked[special] == batch[special]).all()
+    assert (labels[~special] != -100).mean() > 0.8
+
+
+def test_labels_are_the_originals_exactly_at_chosen_positions(batch):
+    masked, labels = mask(batch)
+    chosen = labels != -100
+    assert (labels[chosen] == batch[chosen]).all()
+    assert set(np.unique(labels[~chosen])) == {-100}
+    assert (masked[~chosen] == batch[~chosen]).all()
+
+
+def test_random_replacements_are_ordinary_tokens(batch):
+    masked, labels = mask(batch, mlm_probability=0.5)
+    chosen = labels != -100
+    replaced = masked[chosen & (masked != MASK_ID) & (masked != batch)]
+    assert replaced.size > 1000
+    assert not np.isin(replaced, SPECIAL_IDS).any()
+    assert replaced.min() >= len(SPECIAL_IDS) and replaced.max() < VOCAB
+    # Drawn from the whole ordinary vocabulary, not a corner of it.
+    assert len(np.unique(replaced)) > 0.5 * (VOCAB - len(SPECIAL_IDS))
+    # Outside chosen positions no id changes, so [MASK] appears only where chosen.
+    assert not (masked[~chosen] == MASK_ID).any()
+
+
+def test_same_seed_same_masks_and_different_seed_different_masks(batch):
+    first, first_labels = mask(batch, seed=(7, 8))
+    again, again_labels = mask(batch, seed=(7, 8))
+    other, other_labels = mask(batch, seed=(7, 9))
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first_labels, again_labels)
+    assert (first_labels != other_labels).any()
+    assert (first != other).any()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# build_dataset on the fixture shards
+
+
+def dataset_args(**overrides):
+    values = {"seed": 42, "shuffle_buffer_size": 1, "mlm_probability": 0.15}
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def originals(masked, labels):
+    return np.where(labels != -100, labels, masked)
+
+
+def collect(dataset, batches=None):
+    out = []
+    for features, labels in dataset.take(batches) if batches else dataset:
+        out.append((features["input_ids"].numpy(), labels.numpy()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def validation(shards_dir, read_manifest, read_records):
+    split_dir = shards_dir / "validation"
+    manifest = read_manifest(split_dir)
+    files = [str(split_dir / shard["file"]) for shard in manifest["shards"]]
+    return files, read_records(files)
+
+
+def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation, tokenizer):
+    files, records = validation
+    batch_size = 8
+    dataset = run_mlm.build_dataset(files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=False)
+    features_spec, labels_spec = dataset.element_spec
+    assert features_spec["input_ids"].shape.as_list() == [batch_size, MAX_LENGTH]
+    assert labels_spec.shape.as_list() == [batch_size, MAX_LENGTH]
+
+    first_pass, second_pass = collect(dataset), collect(dataset)
+    assert len(first_pass) == len(records) // batch_size  # the remainder is dropped
+    for (masked, labels), (masked_again, labels_again) in zip(first_pass, second_pass):
+        np.testing.assert_array_equal(masked, masked_again)
+        np.testing.assert_array_equal(labels, labels_again)
+    restored = np.concatenate([originals(masked, labels) for masked, labels in first_pass])
+    np.testing.assert_array_equal(restored, np.array(records[: len(restored)]))
+
+    chosen = np.concatenate([labels for _, labels in first_pass]) != -100
+    special = np.isin(restored, tokenizer.all_special_ids)
+    assert not chosen[special].any()
+    assert within_binomial(chosen.sum(), (~special).sum(), 0.15)
+    masked_ids = np.concatenate([masked for masked, _ in first_pass])
+    changed = chosen & (masked_ids != restored) & (masked_ids != tokenizer.mask_token_id)
+    assert not np.isin(masked_ids[changed], tokenizer.all_special_ids).any()
+    assert masked_ids.max() < len(tokenizer)
+
+
+def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer):
+    files, records = validation
+    assert len(files) == 1  # with one file and a buffer of 1 the order repeats, so only the masks can differ
+    batch_size = 8
+    steps_per_epoch = len(records) // batch_size
+    dataset = run_mlm.build_dataset(files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=True)
+    batches = collect(dataset, 2 * steps_per_epoch)  # training data repeats forever
+    assert len(batches) == 2 * steps_per_epoch
+    first, second = batches[:steps_per_epoch], batches[steps_per_epoch:]
+    for (masked, labels), (masked_again, labels_again) in zip(first, second):
+        np.testing.assert_array_equal(originals(masked, labels), originals(masked_again, labels_again))
+    first_labels = np.concatenate([labels for _, labels in first])
+    second_labels = np.concatenate([labels for _, labels in second])
+    assert ((first_labels != -100) != (second_labels != -100)).any()
+    # Within an epoch, batches get different seeds too.
+    assert not np.array_equal(first[0][1] != -100, first[1][1] != -100)
+
+
+def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, tokenizer):
+    split_dir = shards_dir / "train"
+    files = [str(split_dir / shard["file"]) for shard in read_manifest(split_dir)["shards"]]
+    args = dataset_args(shuffle_buffer_size=1000)
+
+    def restored(dataset):
+        return np.concatenate([originals(masked, labels) for masked, labels in collect(dataset, 6)])
+
+    first = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
+    again = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
+    unshuffled = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=False))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, unshuffled)

@@ -1,0 +1,225 @@
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+import run_mlm
+from conftest import MAX_LENGTH
+
+BATCH_SIZE = 8
+MAX_STEPS = 5
+
+
+def train(shards_dir, tokenizer_dir, output_dir, *extra, eval_split=True):
+    argv = [
+        "--no_tpu",
+        "--train_dataset", str(shards_dir / "train"),
+        "--tokenizer", str(tokenizer_dir),
+        "--output_dir", str(output_dir),
+        "--seed", "0",
+    ]  # fmt: skip
+    if eval_split:
+        argv += ["--eval_dataset", str(shards_dir / "validation")]
+    return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
+
+
+@pytest.fixture(scope="module")
+def run(shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
+    """The whole chain: the session's train_unigram.py tokenizer and shards, then run_mlm.py on them."""
+    output_dir = tmp_path_factory.mktemp("model")
+    model, history = train(
+        shards_dir, tokenizer_dir, output_dir,
+        "--config_overrides", tiny_model,
+        "--per_replica_batch_size", BATCH_SIZE,
+        "--max_steps", MAX_STEPS,
+    )  # fmt: skip
+    return model, history, output_dir
+
+
+def steps_per_epoch(shards_dir, read_manifest, batch_size):
+    return read_manifest(shards_dir / "train")["records"] // batch_size
+
+
+def test_output_dir_holds_model_and_tokenizer(run):
+    _, _, output_dir = run
+    names = {path.name for path in output_dir.iterdir()}
+    assert {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= names
+
+
+def test_saved_config_follows_the_tokenizer(run, tokenizer):
+    _, _, output_dir = run
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["model_type"] == "roberta"
+    assert config["vocab_size"] == len(tokenizer)
+    assert config["pad_token_id"] == tokenizer.pad_token_id
+    assert config["bos_token_id"] == tokenizer.cls_token_id and config["eos_token_id"] == tokenizer.sep_token_id
+    assert config["max_position_embeddings"] >= MAX_LENGTH + tokenizer.pad_token_id + 1
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (32, 1, 2)
+    assert config["intermediate_size"] == 64
+
+
+def test_saved_folder_reloads_model_and_tokenizer(run, tokenizer):
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    model, _, output_dir = run
+    saved_tokenizer = AutoTokenizer.from_pretrained(str(output_dir))
+    assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert saved_tokenizer.mask_token_id == tokenizer.mask_token_id
+    assert saved_tokenizer.model_max_length == MAX_LENGTH  # so pipelines truncate to what positions allow
+
+    reloaded = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
+    inputs = saved_tokenizer(["the [MASK] crossed the old bridge"], return_tensors="tf")
+    np.testing.assert_allclose(
+        reloaded(inputs).logits.numpy(), model(inputs, training=False).logits.numpy(), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_fill_mask_pipeline_loads_from_the_folder(run, tokenizer):
+    from transformers import pipeline
+
+    _, _, output_dir = run
+    fill_mask = pipeline("fill-mask", model=str(output_dir), dtype=None)
+    predictions = fill_mask("the river [MASK] the city.", top_k=5)
+    assert len(predictions) == 5
+    scores = [prediction["score"] for prediction in predictions]
+    assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1 + 1e-6
+    for prediction in predictions:
+        assert 0 <= prediction["token"] < len(tokenizer)
+        assert "[MASK]" not in prediction["sequence"]
+        assert prediction["sequence"].startswith("the river") and prediction["sequence"].endswith("the city.")
+
+
+def test_optimizer_ran_exactly_max_steps(run, shards_dir, read_manifest):
+    model, history, _ = run
+    assert MAX_STEPS < steps_per_epoch(shards_dir, read_manifest, BATCH_SIZE)
+    assert int(model.optimizer.iterations.numpy()) == MAX_STEPS
+    assert len(history.history["loss"]) == 1
+    assert history.params["steps"] == MAX_STEPS
+
+
+def test_history_has_masked_accuracy_and_perplexity(run):
+    _, history, _ = run
+    logs = history.history
+    for key in ("loss", "masked_accuracy", "val_loss", "val_masked_accuracy", "val_perplexity"):
+        assert key in logs and len(logs[key]) == 1, key
+    assert 0.0 <= logs["masked_accuracy"][0] <= 1.0 and 0.0 <= logs["val_masked_accuracy"][0] <= 1.0
+    assert math.isfinite(logs["val_loss"][0]) and logs["val_loss"][0] > 0
+    assert logs["val_perplexity"][0] == pytest.approx(math.exp(logs["val_loss"][0]), rel=1e-6)
+    # An untrained model over the vocabulary: loss near log(vocab), far from 0 and from exploding.
+    assert logs["loss"][0] < 2 * math.log(run[0].config.vocab_size)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["two_epochs", "max_steps_in_second_epoch", "max_steps_with_steps_per_execution"],
+)
+def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path):
+    batch_size = 16
+    per_epoch = steps_per_epoch(shards_dir, read_manifest, batch_size)
+    assert per_epoch > 4
+    extra = ["--num_epochs", 2, "--per_replica_batch_size", batch_size, "--config_overrides", tiny_model]
+    if case == "two_epochs":
+        expected_steps, expected_epochs = 2 * per_epoch, 2
+    elif case == "max_steps_in_second_epoch":
+        expected_steps, expected_epochs = per_epoch + 3, 2
+        extra += ["--max_steps", expected_steps]
+    else:  # the stop must land on --max_steps even when a tf.function call runs several steps
+        expected_steps, expected_epochs = per_epoch + 3, 2
+        extra += ["--max_steps", expected_steps, "--steps_per_execution", 4]
+    model, history = train(shards_dir, tokenizer_dir, tmp_path, *extra, eval_split=False)
+    assert int(model.optimizer.iterations.numpy()) == expected_steps
+    assert len(history.history["loss"]) == expected_epochs
+    assert "val_loss" not in history.history and "val_perplexity" not in history.history
+    assert (tmp_path / "tf_model.h5").is_file()
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "bert"])
+def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, tokenizer, tmp_path):
+    config_file = tmp_path / "my_config.json"
+    config_file.write_text(
+        json.dumps(
+            {
+                "model_type": model_type,
+                "hidden_size": 24,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 3,
+                "intermediate_size": 40,
+                "max_position_embeddings": 8,  # too short for MAX_LENGTH: must be raised
+                "vocab_size": 7,  # wrong on purpose: the tokenizer decides
+            }
+        )
+    )
+    output_dir = tmp_path / "out"
+    model, _ = train(
+        shards_dir, tokenizer_dir, output_dir,
+        "--pretrained_model_config", config_file,
+        "--config_overrides", "num_attention_heads=2",
+        "--per_replica_batch_size", BATCH_SIZE,
+        "--max_steps", 2,
+        eval_split=False,
+    )  # fmt: skip
+    saved = json.loads((output_dir / "config.json").read_text())
+    assert saved["model_type"] == model_type
+    assert type(model).__name__ == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
+    assert (saved["hidden_size"], saved["intermediate_size"], saved["num_hidden_layers"]) == (24, 40, 1)
+    assert saved["num_attention_heads"] == 2  # overrides apply on top of the file
+    assert saved["vocab_size"] == len(tokenizer)
+    assert saved["pad_token_id"] == tokenizer.pad_token_id
+    assert saved["max_position_embeddings"] >= MAX_LENGTH + tokenizer.pad_token_id + 1
+    assert int(model.optimizer.iterations.numpy()) == 2
+
+
+def test_overwrite_output_dir_replaces_a_finished_run(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+    common = ["--config_overrides", tiny_model, "--per_replica_batch_size", BATCH_SIZE]
+    train(shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 1, eval_split=False)
+    first = (tmp_path / "tf_model.h5").read_bytes()
+    with pytest.raises(run_mlm.UsageError, match="--overwrite_output_dir"):
+        train(shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 2, eval_split=False)
+    assert (tmp_path / "tf_model.h5").read_bytes() == first
+    model, _ = train(
+        shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 2, "--overwrite_output_dir", eval_split=False
+    )
+    assert int(model.optimizer.iterations.numpy()) == 2
+    assert (tmp_path / "tf_model.h5").read_bytes() != first
+
+
+def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+    model, history = train(
+        shards_dir, tokenizer_dir, tmp_path,
+        "--jit_compile",
+        "--config_overrides", tiny_model,
+        "--per_replica_batch_size", BATCH_SIZE,
+        "--max_steps", 2,
+        eval_split=False,
+    )  # fmt: skip
+    assert model.jit_compile
+    assert model.distribute_strategy.num_replicas_in_sync == 1
+    assert int(model.optimizer.iterations.numpy()) == 2
+    assert math.isfinite(history.history["loss"][-1])
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
+
+
+def test_mirrored_strategy_over_two_cpu_replicas(run_script, shards_dir, tokenizer_dir, tiny_model, tmp_path):
+    # Logical CPU devices can only be set up before TensorFlow starts, hence a fresh process.
+    per_replica, steps = 4, 3
+    result = run_script(
+        "run_mlm.py",
+        "--no_tpu", "--cpu_replicas", 2,
+        "--train_dataset", shards_dir / "train",
+        "--eval_dataset", shards_dir / "validation",
+        "--tokenizer", tokenizer_dir,
+        "--output_dir", tmp_path,
+        "--config_overrides", tiny_model,
+        "--per_replica_batch_size", per_replica,
+        "--max_steps", steps,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    summary = rf"on 2 replica\(s\) of MirroredStrategy: {steps} steps of {2 * per_replica} x {MAX_LENGTH} tokens"
+    assert re.search(summary, result.stdout), result.stdout
+    assert f"after {steps} steps" in result.stdout
+    assert "val_perplexity" in result.stdout
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
+    assert (tmp_path / "tokenizer.json").is_file()
