@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter out of the training log
 
@@ -35,6 +36,11 @@ FINISHED_RUN_FILES = ("config.json", "tf_model.h5")
 
 class UsageError(Exception):
     """A mistake in the user's input: reported as one line, without a traceback."""
+
+
+def first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -131,7 +137,7 @@ def build_strategy(args):
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
         except (ValueError, RuntimeError, tf.errors.OpError) as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            reason = str(error).strip().split(". ")[0] or type(error).__name__  # TF's first sentence says it
             raise UsageError(
                 f"no TPU found for --tpu_name {args.tpu_name} ({reason}); pass --no_tpu to train on GPUs or the CPU."
             ) from None
@@ -217,8 +223,7 @@ def load_tokenizer(name_or_path, trust_remote_code):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0]
-        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {reason}") from None
+        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)}") from None
     for name in ("mask", "pad"):
         if getattr(tokenizer, f"{name}_token_id") is None:
             raise UsageError(
@@ -332,8 +337,7 @@ def build_config(args, tokenizer, max_length):
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError) as error:
-            reason = str(error).strip().splitlines()[0]
-            raise UsageError(f"could not load --pretrained_model_config {source}: {reason}") from None
+            raise UsageError(f"could not load --pretrained_model_config {source}: {first_line(error)}") from None
     for key, value in parse_config_overrides(args.config_overrides).items():
         if not hasattr(config, key):
             raise UsageError(f"--config_overrides names {key!r}, which {type(config).__name__} does not have.")
@@ -427,9 +431,16 @@ def training_callbacks(args, tokenizer):
     if args.hub_model_id:
         from transformers import PushToHubCallback
 
-        callbacks.append(
-            PushToHubCallback(output_dir=args.output_dir, hub_model_id=args.hub_model_id, tokenizer=tokenizer)
-        )
+        # The callback works in a local git clone of the Hub repository; a gs:// output gets a local one.
+        clone_dir = tempfile.mkdtemp(prefix="hub-") if args.output_dir.startswith("gs://") else args.output_dir
+        try:
+            callback = PushToHubCallback(output_dir=clone_dir, hub_model_id=args.hub_model_id, tokenizer=tokenizer)
+        except Exception as error:  # network, credentials, git or git-lfs missing: all end here
+            raise UsageError(
+                f"could not set up pushing to --hub_model_id {args.hub_model_id}: {first_line(error)}; "
+                "check the id, `huggingface-cli login` and that git-lfs is installed."
+            ) from None
+        callbacks.append(callback)
     return callbacks
 
 
@@ -472,8 +483,6 @@ def check_output_dir(args):
 
 def save(model, tokenizer, output_dir):
     """save_pretrained() writes through the local filesystem; for gs:// write locally, then copy up."""
-    import tempfile
-
     import tensorflow as tf
 
     if not output_dir.startswith("gs://"):
@@ -530,6 +539,7 @@ def main(args):
         if eval_manifest
         else None
     )
+    callbacks = training_callbacks(args, tokenizer)  # before the model: a Hub problem should fail fast
     model = build_model(config, args, total_steps, strategy)
     print(
         f"Training {type(model).__name__} ({model.count_params():,} parameters) on "
@@ -543,7 +553,7 @@ def main(args):
         total_steps,
         validation_data=eval_dataset,
         validation_steps=eval_steps or None,
-        callbacks=training_callbacks(args, tokenizer),
+        callbacks=callbacks,
         verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
     )
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
