@@ -124,20 +124,13 @@ def load_split(args):
     try:
         if path is not None:
             builder = LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
-            splits = datasets.load_dataset(builder, data_files={args.split: path})
-        else:
+            dataset = datasets.load_dataset(builder, data_files={args.split: path}, split=args.split)
+        else:  # only this split's files are fetched; an unknown split is named in the error
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
-            splits = datasets.load_dataset(args.dataset_name, args.dataset_config, **extra)
+            dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split=args.split, **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
-        source = path or f"{describe_source(args)} from the Hub"
+        source = path or f"the dataset {args.dataset_name} (config {args.dataset_config})"
         raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
-    if path is None:
-        if args.split not in splits:
-            raise UsageError(
-                f"--split {args.split} is not in {args.dataset_name}/{args.dataset_config}, "
-                f"which has {sorted(splits)}; pick one of those."
-            )
-    dataset = splits[args.split]
     if args.text_column not in dataset.column_names:
         raise UsageError(
             f"--text_column {args.text_column!r} is not in the data, whose columns are {dataset.column_names}; "

@@ -106,7 +106,7 @@ def load_corpus(args):
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
             dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split="train", **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
-        source = args.train_file or f"{args.dataset_name}/{args.dataset_config} from the Hub"
+        source = args.train_file or f"the dataset {args.dataset_name} (config {args.dataset_config})"
         raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
     if args.text_column not in dataset.column_names:
         raise UsageError(

@@ -186,3 +186,30 @@ def test_too_little_text_for_one_sequence_leaves_nothing(tokenizer_dir, tmp_path
     assert not list((tmp_path / "out").rglob("*.tfrecord"))
     assert not list((tmp_path / "out").rglob("manifest.json"))
     assert not [path for path in (tmp_path / "out").rglob("*") if path.name.endswith(".tmp")]
+
+
+def test_dataset_name_path_selects_the_split(corpus, tokenizer_dir, tokenizer, read_manifest, read_records, tmp_path):
+    """--dataset_name goes through load_dataset(name, config, split): the route a Hub id takes. A local
+    folder with train.txt and validation.txt is a dataset that route can load offline."""
+    dataset_dir = tmp_path / "dataset"
+    dataset_dir.mkdir()
+    for split in ("train", "validation"):
+        (dataset_dir / f"{split}.txt").write_bytes(corpus[split].read_bytes())
+    argv = [
+        "--dataset_name", str(dataset_dir),
+        "--dataset_config", "default",
+        "--split", "validation",
+        "--tokenizer_name_or_path", str(tokenizer_dir),
+        "--max_length", str(MAX_LENGTH),
+        "--output_dir", str(tmp_path / "shards"),
+    ]  # fmt: skip
+    prepare.main(prepare.parse_args(argv))
+    split_dir = tmp_path / "shards" / "validation"
+    manifest = read_manifest(split_dir)
+    expected, _ = expected_sequences(tokenizer, corpus["validation"], MAX_LENGTH)
+    assert all_records(split_dir, manifest, read_records) == expected
+
+    argv[argv.index("validation")] = "test"  # the folder has no test split
+    with pytest.raises(prepare.UsageError, match=r"Unknown split \"test\""):
+        prepare.main(prepare.parse_args(argv))
+    assert not (tmp_path / "shards" / "test").exists()

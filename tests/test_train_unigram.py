@@ -137,3 +137,25 @@ def test_existing_tokenizer_is_kept_unless_overwrite(corpus, tmp_path):
     train(corpus["train"], output_dir, "--overwrite_output_dir")
     assert (output_dir / "tokenizer.json").read_bytes() != before
     assert len(load(output_dir)) > 100
+
+
+def test_dataset_name_path_reads_the_train_split(corpus, tmp_path):
+    """--dataset_name goes through load_dataset(name, config, split="train"), as a Hub id does; a local
+    folder holding train.txt and validation.txt stands in for the Hub, offline."""
+    dataset_dir = tmp_path / "dataset"
+    dataset_dir.mkdir()
+    (dataset_dir / "train.txt").write_bytes(corpus["train"].read_bytes())
+    (dataset_dir / "validation.txt").write_text("zebra xylophone quokka\n" * 50, encoding="utf-8")
+    common = ["--vocab_size", str(VOCAB_SIZE)]
+    from_folder = train_unigram.main(
+        train_unigram.parse_args(
+            common + ["--dataset_name", str(dataset_dir), "--dataset_config", "default", "--output_dir",
+                      str(tmp_path / "from_folder")]
+        )
+    )  # fmt: skip
+    from_file = train(corpus["train"], tmp_path / "from_file")
+    assert (tmp_path / "from_folder" / "tokenizer.json").read_bytes() == (
+        tmp_path / "from_file" / "tokenizer.json"
+    ).read_bytes()
+    assert "▁zebra" not in from_folder.get_vocab()  # the validation split was not read
+    assert from_file.get_vocab() == from_folder.get_vocab()
