@@ -32,6 +32,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter
 MANIFEST_NAME = "manifest.json"
 FEATURE_NAME = "input_ids"
 FINISHED_RUN_FILES = ("config.json", "tf_model.h5")
+MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 
 
 class UsageError(Exception):
@@ -179,9 +180,18 @@ def read_manifest(folder, flag):
             f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; "
             "run prepare_tfrecord_shards.py to completion first."
         )
-    with tf.io.gfile.GFile(path) as file:
-        manifest = json.load(file)
-    files = [f"{folder}/{shard['file']}" for shard in manifest["shards"]]
+    try:
+        with tf.io.gfile.GFile(path) as file:
+            manifest = json.load(file)
+        missing_keys = [key for key in MANIFEST_KEYS if key not in manifest]
+        files = [f"{folder}/{shard['file']}" for shard in manifest.get("shards", [])]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        missing_keys, files = [f"unreadable ({type(error).__name__}: {error})"], []
+    if missing_keys:
+        raise UsageError(
+            f"{flag} {folder}: {MANIFEST_NAME} is not one prepare_tfrecord_shards.py wrote (missing or bad: "
+            f"{', '.join(missing_keys)}); rerun it."
+        )
     missing = [path for path in files if not tf.io.gfile.exists(path)]
     if not files or missing:
         raise UsageError(

@@ -314,6 +314,20 @@ def test_run_mlm_unfinished_split_without_manifest(shards_dir, tokenizer_dir, tm
     assert_no_model(tmp_path / "model")
 
 
+@pytest.mark.parametrize(
+    "content, named",
+    [('{"shards": [', "JSONDecodeError"), ('{"shards": []}', "max_length, records, vocab_size"), ("[1]", "list")],
+)
+def test_run_mlm_corrupt_manifest(shards_dir, tokenizer_dir, tmp_path, content, named):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    (split_dir / "manifest.json").write_text(content)
+    with pytest.raises(run_mlm.UsageError, match="manifest.json is not one prepare_tfrecord_shards.py wrote") as error:
+        run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
+    assert named in str(error.value)
+    assert_no_model(tmp_path / "model")
+
+
 def test_run_mlm_shards_from_another_tokenizer(shards_dir, tokenizer_dir, tmp_path):
     split_dir = tmp_path / "train"
     shutil.copytree(shards_dir / "train", split_dir)
