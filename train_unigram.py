@@ -228,7 +228,13 @@ def main(args):
     tokenizer.save_pretrained(args.output_dir)
     print(f"Saved the tokenizer ({len(tokenizer)} tokens) to {args.output_dir}")
     if args.push_to_hub:
-        tokenizer.push_to_hub(args.hub_model_id)
+        try:
+            tokenizer.push_to_hub(args.hub_model_id)
+        except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
+            raise UsageError(
+                f"the tokenizer is saved in {args.output_dir}, but pushing it to --hub_model_id "
+                f"{args.hub_model_id} failed: {first_line(error)}; check `huggingface-cli login` and the id."
+            ) from None
         print(f"Pushed the tokenizer to the Hub as {args.hub_model_id}")
     return tokenizer
 
