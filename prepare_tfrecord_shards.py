@@ -129,8 +129,9 @@ def load_split(args):
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
             dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split=args.split, **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
-        source = path or f"the dataset {args.dataset_name} (config {args.dataset_config})"
-        raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
+        raise UsageError(
+            f"could not read {describe_source(args)}: {first_line(error)}; check the path or name."
+        ) from None
     if args.text_column not in dataset.column_names:
         raise UsageError(
             f"--text_column {args.text_column!r} is not in the data, whose columns are {dataset.column_names}; "

@@ -273,10 +273,9 @@ def build_dataset(files, tokenizer, args, max_length, global_batch_size, trainin
     """Shards -> shuffled, batched, parsed and masked batches of ({"input_ids"}, labels), static shapes."""
     import tensorflow as tf
 
-    special_ids = tf.constant(sorted(set(tokenizer.all_special_ids)), dtype=tf.int32)
-    replacement_ids = tf.constant(
-        [i for i in range(len(tokenizer)) if i not in set(tokenizer.all_special_ids)], dtype=tf.int32
-    )
+    special = set(tokenizer.all_special_ids)
+    special_ids = tf.constant(sorted(special), dtype=tf.int32)
+    replacement_ids = tf.constant([i for i in range(len(tokenizer)) if i not in special], dtype=tf.int32)
     mask_token_id = tf.constant(tokenizer.mask_token_id, dtype=tf.int32)
 
     dataset = tf.data.Dataset.from_tensor_slices(files)

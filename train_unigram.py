@@ -94,6 +94,10 @@ def check_args(args):
         )
 
 
+def describe_source(args):
+    return args.train_file or f"{args.dataset_name}/{args.dataset_config}"
+
+
 def load_corpus(args):
     """The training split as a datasets.Dataset, from a local file or the Hub."""
     import datasets
@@ -106,8 +110,9 @@ def load_corpus(args):
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
             dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split="train", **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
-        source = args.train_file or f"the dataset {args.dataset_name} (config {args.dataset_config})"
-        raise UsageError(f"could not read {source}: {first_line(error)}; check the path or name.") from None
+        raise UsageError(
+            f"could not read {describe_source(args)}: {first_line(error)}; check the path or name."
+        ) from None
     if args.text_column not in dataset.column_names:
         raise UsageError(
             f"--text_column {args.text_column!r} is not in the corpus, whose columns are {dataset.column_names}; "
@@ -189,8 +194,9 @@ def train_tokenizer(args, dataset):
         iterate_text(dataset, args.text_column, args.batch_size), trainer=trainer, length=len(dataset)
     )
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
-        source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"
-        raise UsageError(f"the corpus {source} has no non-blank text to learn from; check it and --text_column.")
+        raise UsageError(
+            f"the corpus {describe_source(args)} has no non-blank text to learn from; check it and --text_column."
+        )
 
     tokenizer = Tokenizer.from_str(json.dumps(canonical_vocabulary(json.loads(tokenizer.to_str()))))
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
