@@ -16,8 +16,15 @@ its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the f
         --tokenizer tokenizer --output_dir model \
         --config_overrides hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024
 
-Metrics: `loss` is the model's masked-LM cross-entropy (over masked positions only), `masked_accuracy`
-counts masked positions only, and each epoch ends with `val_loss` and `val_perplexity = exp(val_loss)`.
+The LM head runs at the masked positions only (`--mlm_head sparse`, the default): with a small model and an
+8k-32k vocabulary the vocabulary projection is most of the arithmetic, and only ~15% of positions carry a
+label. The loss is the same as with full logits, and the saved model is a standard transformers masked LM.
+
+Metrics count the masked positions only: `loss` is the masked-LM cross-entropy, `masked_accuracy` is top-1
+accuracy over every position with a label, `mask_token_accuracy` over the positions whose input was [MASK]
+(the fill-mask task), and `top_token_share` the share of those predictions taken by the most predicted
+token (near 1: the model has collapsed onto one answer). Each epoch ends with the same metrics on the
+evaluation shards, prefixed `val_`, and `val_perplexity = exp(val_loss)`.
 """
 
 import argparse
@@ -79,6 +86,13 @@ def parse_args(argv=None):
     training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
     training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
     training.add_argument("--seed", type=int, default=42, help="Seed for shuffling, masking and initialisation.")
+    training.add_argument(
+        "--mlm_head",
+        choices=("sparse", "full"),
+        default="sparse",
+        help="sparse (default): run the LM head and loss at the masked positions only, the same loss for far "
+        "less work; full: vocabulary logits at every position, as transformers computes them.",
+    )
     training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
     training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
     training.add_argument("--steps_per_execution", type=int, default=1, help="Steps per tf.function call.")
@@ -243,20 +257,41 @@ def load_tokenizer(name_or_path, trust_remote_code):
     return tokenizer
 
 
+def max_predictions(max_length, mlm_probability):
+    """Predictions per sequence: the masking below never chooses more, so shapes stay static for XLA/TPU."""
+    return max(1, math.ceil(max_length * mlm_probability))
+
+
 def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids):
     """BERT masking in TF ops, stateless so the same seed always gives the same masks.
 
-    Of the non-special tokens (everything but the tokenizer's special tokens, <unk> included: predicting
-    "unknown" teaches nothing), `mlm_probability` are chosen; of those 80% become [MASK], 10% a random
-    non-special token and 10% stay as they are. Labels are the original ids at chosen positions, -100
-    elsewhere (the transformers loss skips -100).
+    In each sequence, round(`mlm_probability` x its non-special tokens) positions are chosen at random
+    (special tokens, <unk> included, never are: predicting "unknown" teaches nothing). Of the chosen
+    positions 80% become [MASK], 10% a random non-special token and 10% stay as they are. An exact count
+    per sequence, as in the original BERT, means at most `max_predictions()` positions, which is what lets
+    the model score those positions alone.
+
+    Returns the masked ids [batch, length], the chosen positions [batch, predictions] and their labels
+    [batch, predictions]: the original ids, or -100 in slots beyond the sequence's count (the loss and the
+    metrics skip -100, and the position of such a slot is 0, a harmless index).
     """
     import tensorflow as tf
 
     choose_seed, action_seed, random_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 3))
     shape = tf.shape(input_ids)
-    is_special = tf.reduce_any(tf.equal(input_ids[..., None], special_ids), axis=-1)
-    chosen = (tf.random.stateless_uniform(shape, choose_seed) < mlm_probability) & ~is_special
+    length = input_ids.shape[-1]
+    predictions = max_predictions(length, mlm_probability)
+    maskable = ~tf.reduce_any(tf.equal(input_ids[..., None], special_ids), axis=-1)
+    count = tf.cast(tf.round(mlm_probability * tf.reduce_sum(tf.cast(maskable, tf.float32), axis=-1)), tf.int32)
+
+    # A random ranking of the maskable positions; the first `count` of each row are chosen.
+    scores = tf.where(maskable, tf.random.stateless_uniform(shape, choose_seed), -1.0)
+    _, ranked = tf.math.top_k(scores, k=predictions)
+    used = tf.range(predictions)[None, :] < count[:, None]
+    positions = tf.where(used, ranked, 0)
+    labels = tf.where(used, tf.gather(input_ids, positions, batch_dims=1), -100)
+    chosen = tf.reduce_any(tf.one_hot(positions, length, on_value=True, off_value=False) & used[..., None], axis=1)
+
     action = tf.random.stateless_uniform(shape, action_seed)
     to_mask = chosen & (action < 0.8)
     to_random = chosen & (action >= 0.8) & (action < 0.9)
@@ -265,12 +300,14 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     )
     random_tokens = tf.gather(replacement_ids, random_index)
     masked_ids = tf.where(to_mask, mask_token_id, tf.where(to_random, random_tokens, input_ids))
-    labels = tf.where(chosen, input_ids, -100)
-    return masked_ids, labels
+    return masked_ids, positions, labels
 
 
 def build_dataset(files, tokenizer, args, max_length, global_batch_size, training):
-    """Shards -> shuffled, batched, parsed and masked batches of ({"input_ids"}, labels), static shapes."""
+    """Shards -> shuffled, batched, parsed, masked batches of ({"input_ids", "masked_positions"}, labels).
+
+    Every shape is static: [batch, max_length] ids, [batch, max_predictions] positions and labels.
+    """
     import tensorflow as tf
 
     special = set(tokenizer.all_special_ids)
@@ -303,10 +340,10 @@ def build_dataset(files, tokenizer, args, max_length, global_batch_size, trainin
     dataset = tf.data.Dataset.zip((dataset, seeds))
 
     def mask(input_ids, seed):
-        masked_ids, labels = mask_tokens(
+        masked_ids, positions, labels = mask_tokens(
             input_ids, seed, args.mlm_probability, mask_token_id, special_ids, replacement_ids
         )
-        return {FEATURE_NAME: masked_ids}, labels
+        return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
 
     dataset = dataset.map(mask, num_parallel_calls=tf.data.AUTOTUNE)
     if training:
@@ -372,56 +409,137 @@ def build_config(args, tokenizer, max_length):
     return config
 
 
-def masked_accuracy_metric():
+def masked_lm_trainer(masked_lm, mlm_head, mask_token_id):
+    """Wrap a transformers TF masked LM in a Keras model whose fit() scores the masked positions only.
+
+    With `mlm_head="sparse"` the encoder's hidden states are gathered at the masked positions first, so
+    the LM head (dense, layer norm and the vocabulary projection, most of a small model's arithmetic) runs
+    on ~15% of the positions. With `"full"` the model computes logits everywhere, as transformers does,
+    and they are gathered afterwards: same loss, the reference cost. Either way the weights trained are
+    the wrapped model's own, so `masked_lm.save_pretrained()` writes a standard checkpoint.
+    """
     import tensorflow as tf
     import tf_keras
 
-    class MaskedAccuracy(tf_keras.metrics.Metric):
-        """Top-1 accuracy over the masked positions only (labels != -100)."""
+    class PositionAccuracy(tf_keras.metrics.Metric):
+        """Top-1 accuracy over the positions a boolean `scored` tensor selects."""
 
-        def __init__(self, name="masked_accuracy", **kwargs):
+        def __init__(self, name, **kwargs):
             super().__init__(name=name, **kwargs)
             self.correct = self.add_weight(name="correct", initializer="zeros", dtype=tf.float32)
             self.total = self.add_weight(name="total", initializer="zeros", dtype=tf.float32)
 
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            y_true = tf.cast(y_true, tf.int32)
-            scored = tf.not_equal(y_true, -100)
-            predictions = tf.argmax(y_pred, axis=-1, output_type=tf.int32)
-            hits = tf.logical_and(scored, tf.equal(predictions, y_true))
+        def update_state(self, labels, predictions, scored):
+            hits = scored & tf.equal(predictions, labels)
             self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
             self.total.assign_add(tf.reduce_sum(tf.cast(scored, tf.float32)))
 
         def result(self):
             return tf.math.divide_no_nan(self.correct, self.total)
 
+    class TopTokenShare(tf_keras.metrics.Metric):
+        """Share of the predictions taken by the single most predicted token: near 1 means collapse."""
+
+        def __init__(self, vocab_size, name="top_token_share", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.vocab_size = vocab_size
+            self.counts = self.add_weight(name="counts", shape=(vocab_size,), initializer="zeros", dtype=tf.float32)
+
+        def update_state(self, predictions, scored):
+            ones = tf.cast(scored, tf.float32)
+            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU too.
+            self.counts.assign_add(tf.math.unsorted_segment_sum(ones, predictions, self.vocab_size))
+
+        def result(self):
+            return tf.math.divide_no_nan(tf.reduce_max(self.counts), tf.reduce_sum(self.counts))
+
         def reset_state(self):
-            self.correct.assign(0.0)
-            self.total.assign(0.0)
+            self.counts.assign(tf.zeros_like(self.counts))
 
-    return MaskedAccuracy()
+    class MaskedLMTrainer(tf_keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.masked_lm = masked_lm
+            self.loss_tracker = tf_keras.metrics.Mean(name="loss")
+            # All labelled positions (80% [MASK], 10% random, 10% unchanged), and [MASK] inputs alone:
+            # the second is the fill-mask task the model is used for afterwards.
+            self.masked_accuracy = PositionAccuracy("masked_accuracy")
+            self.mask_token_accuracy = PositionAccuracy("mask_token_accuracy")
+            self.top_token_share = TopTokenShare(masked_lm.config.vocab_size)
+
+        @property
+        def metrics(self):  # what fit() resets every epoch and reports
+            return [self.loss_tracker, self.masked_accuracy, self.mask_token_accuracy, self.top_token_share]
+
+        def masked_logits(self, features, training):
+            positions = features["masked_positions"]
+            if mlm_head == "sparse":
+                encoder = getattr(self.masked_lm, self.masked_lm.base_model_prefix)
+                hidden_states = encoder(input_ids=features[FEATURE_NAME], training=training)[0]
+                logits = self.masked_lm.get_lm_head()(tf.gather(hidden_states, positions, batch_dims=1))
+            else:
+                logits = self.masked_lm(input_ids=features[FEATURE_NAME], training=training).logits
+                logits = tf.gather(logits, positions, batch_dims=1)
+            # Under mixed bfloat16 the logits arrive in bf16; softmax and loss need float32's range.
+            return tf.cast(logits, tf.float32)
+
+        def loss_and_metrics(self, features, labels, training):
+            logits = self.masked_logits(features, training)
+            scored = tf.not_equal(labels, -100)
+            per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.maximum(labels, 0), logits)
+            weights = tf.cast(scored, tf.float32)
+            loss = tf.reduce_sum(per_position * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+            predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            inputs_at_positions = tf.gather(features[FEATURE_NAME], features["masked_positions"], batch_dims=1)
+            was_mask = scored & tf.equal(inputs_at_positions, mask_token_id)
+            self.loss_tracker.update_state(loss)
+            self.masked_accuracy.update_state(labels, predictions, scored)
+            self.mask_token_accuracy.update_state(labels, predictions, was_mask)
+            self.top_token_share.update_state(predictions, was_mask)
+            return loss
+
+        def train_step(self, data):
+            features, labels = data
+            with tf.GradientTape() as tape:
+                loss = self.loss_and_metrics(features, labels, training=True)
+                # Each replica's gradients are summed across replicas, so each contributes its share.
+                replica_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
+            self.optimizer.minimize(replica_loss, self.trainable_variables, tape=tape)
+            return {metric.name: metric.result() for metric in self.metrics}
+
+        def test_step(self, data):
+            features, labels = data
+            self.loss_and_metrics(features, labels, training=False)
+            return {metric.name: metric.result() for metric in self.metrics}
+
+        def call(self, features, training=False):
+            return self.masked_logits(features, training)
+
+        def save_pretrained(self, *args, **kwargs):  # callbacks such as PushToHubCallback save self.model
+            return self.masked_lm.save_pretrained(*args, **kwargs)
+
+    return MaskedLMTrainer()
 
 
-def build_model(config, args, total_steps, strategy):
+def build_model(config, args, total_steps, strategy, mask_token_id):
+    """The masked LM and the trainer that fits it, with AdamW and its schedule, created in the strategy's scope."""
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     with strategy.scope():
-        model = TFAutoModelForMaskedLM.from_config(config)
-        model(model.dummy_inputs)  # build the weights inside the strategy scope
+        masked_lm = TFAutoModelForMaskedLM.from_config(config)
+        masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
+        trainer = masked_lm_trainer(masked_lm, args.mlm_head, mask_token_id)
         optimizer, _ = create_optimizer(
             init_lr=args.learning_rate,
             num_train_steps=total_steps,
             num_warmup_steps=int(args.warmup_ratio * total_steps),
             weight_decay_rate=args.weight_decay_rate,
         )
-        # No loss: the model computes its own masked-LM loss from the labels.
-        model.compile(
-            optimizer=optimizer,
-            metrics=[masked_accuracy_metric()],
-            jit_compile=args.jit_compile,
-            steps_per_execution=args.steps_per_execution,
+        trainer.compile(
+            optimizer=optimizer, jit_compile=args.jit_compile, steps_per_execution=args.steps_per_execution
         )
-    return model
+    return masked_lm, trainer
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -549,14 +667,14 @@ def main(args):
         else None
     )
     callbacks = training_callbacks(args, tokenizer)  # before the model: a Hub problem should fail fast
-    model = build_model(config, args, total_steps, strategy)
+    masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
     print(
-        f"Training {type(model).__name__} ({model.count_params():,} parameters) on "
+        f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters, {args.mlm_head} LM head) on "
         f"{strategy.num_replicas_in_sync} replica(s) of {type(strategy).__name__}: {total_steps} steps of "
         f"{global_batch_size} x {max_length} tokens; {train_manifest['records']} train sequences."
     )
     history = fit_exact_steps(
-        model,
+        trainer,
         train_dataset,
         steps_per_epoch,
         total_steps,
@@ -566,9 +684,10 @@ def main(args):
         verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
     )
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
-    save(model, tokenizer, args.output_dir)
-    print(f"Saved the model and tokenizer to {args.output_dir} after {int(model.optimizer.iterations.numpy())} steps.")
-    return model, history
+    save(masked_lm, tokenizer, args.output_dir)
+    steps = int(trainer.optimizer.iterations.numpy())
+    print(f"Saved the model and tokenizer to {args.output_dir} after {steps} steps.")
+    return trainer, history
 
 
 if __name__ == "__main__":

@@ -30,10 +30,18 @@ def random_batch(seed, shape=(512, 128)):
     return ids.astype(np.int32)
 
 
-def mask(input_ids, seed=(1, 2), mlm_probability=0.15):
+def dense_labels(shape, positions, labels):
+    """The [batch, length] labels (-100 where nothing is predicted) from the sparse positions and labels."""
+    dense = np.full(shape, -100, dtype=np.int64)
+    rows, slots = np.nonzero(labels != -100)
+    dense[rows, positions[rows, slots]] = labels[rows, slots]
+    return dense
+
+
+def mask_sparse(input_ids, seed=(1, 2), mlm_probability=0.15):
     import tensorflow as tf
 
-    masked, labels = run_mlm.mask_tokens(
+    masked, positions, labels = run_mlm.mask_tokens(
         tf.constant(input_ids),
         tf.constant(seed, dtype=tf.int64),
         mlm_probability,
@@ -41,7 +49,12 @@ def mask(input_ids, seed=(1, 2), mlm_probability=0.15):
         tf.constant(SPECIAL_IDS, dtype=tf.int32),
         tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32),
     )
-    return masked.numpy(), labels.numpy()
+    return masked.numpy(), positions.numpy(), labels.numpy()
+
+
+def mask(input_ids, seed=(1, 2), mlm_probability=0.15):
+    masked, positions, labels = mask_sparse(input_ids, seed, mlm_probability)
+    return masked, dense_labels(input_ids.shape, positions, labels)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +68,8 @@ def test_chosen_rate_and_80_10_10_split(batch, mlm_probability):
     assert masked.shape == labels.shape == batch.shape
     candidates = ~np.isin(batch, SPECIAL_IDS)
     chosen = labels != -100
-    assert within_binomial(chosen.sum(), candidates.sum(), mlm_probability), chosen.mean()
+    # An exact count per sequence, as in the original BERT: round(p x the sequence's ordinary tokens).
+    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(mlm_probability * candidates.sum(axis=1)))
 
     replacements = VOCAB - len(SPECIAL_IDS)
     to_mask = chosen & (masked == MASK_ID)
@@ -99,6 +113,22 @@ def test_random_replacements_are_ordinary_tokens(batch):
     assert not (masked[~chosen] == MASK_ID).any()
 
 
+@pytest.mark.parametrize("mlm_probability", [0.15, 0.4])
+def test_sparse_positions_and_labels_have_static_shape_and_no_repeats(batch, mlm_probability):
+    masked, positions, labels = mask_sparse(batch, mlm_probability=mlm_probability)
+    predictions = run_mlm.max_predictions(batch.shape[1], mlm_probability)
+    assert positions.shape == labels.shape == (batch.shape[0], predictions)
+    used = labels != -100
+    assert used.sum(axis=1).max() <= predictions
+    # Used slots come first; unused ones point at position 0 and carry -100, so nothing scores them.
+    assert (np.diff(used.astype(int), axis=1) <= 0).all()
+    assert (positions[~used] == 0).all()
+    for row in range(batch.shape[0]):
+        chosen_positions = positions[row][used[row]]
+        assert len(set(chosen_positions)) == len(chosen_positions)
+        np.testing.assert_array_equal(labels[row][used[row]], batch[row, chosen_positions])
+
+
 def test_same_seed_same_masks_and_different_seed_different_masks(batch):
     first, first_labels = mask(batch, seed=(7, 8))
     again, again_labels = mask(batch, seed=(7, 8))
@@ -126,7 +156,8 @@ def originals(masked, labels):
 def collect(dataset, batches=None):
     out = []
     for features, labels in dataset.take(batches) if batches else dataset:
-        out.append((features["input_ids"].numpy(), labels.numpy()))
+        masked = features["input_ids"].numpy()
+        out.append((masked, dense_labels(masked.shape, features["masked_positions"].numpy(), labels.numpy())))
     return out
 
 
@@ -144,7 +175,9 @@ def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation
     dataset = run_mlm.build_dataset(files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=False)
     features_spec, labels_spec = dataset.element_spec
     assert features_spec["input_ids"].shape.as_list() == [batch_size, MAX_LENGTH]
-    assert labels_spec.shape.as_list() == [batch_size, MAX_LENGTH]
+    predictions = run_mlm.max_predictions(MAX_LENGTH, 0.15)
+    assert features_spec["masked_positions"].shape.as_list() == [batch_size, predictions]
+    assert labels_spec.shape.as_list() == [batch_size, predictions]
 
     first_pass, second_pass = collect(dataset), collect(dataset)
     assert len(first_pass) == len(records) // batch_size  # the remainder is dropped
@@ -157,7 +190,7 @@ def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation
     chosen = np.concatenate([labels for _, labels in first_pass]) != -100
     special = np.isin(restored, tokenizer.all_special_ids)
     assert not chosen[special].any()
-    assert within_binomial(chosen.sum(), (~special).sum(), 0.15)
+    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(0.15 * (~special).sum(axis=1)))
     masked_ids = np.concatenate([masked for masked, _ in first_pass])
     changed = chosen & (masked_ids != restored) & (masked_ids != tokenizer.mask_token_id)
     assert not np.isin(masked_ids[changed], tokenizer.all_special_ids).any()

@@ -72,7 +72,7 @@ def test_saved_folder_reloads_model_and_tokenizer(run, tokenizer):
     reloaded = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
     inputs = saved_tokenizer(["the [MASK] crossed the old bridge"], return_tensors="tf")
     np.testing.assert_allclose(
-        reloaded(inputs).logits.numpy(), model(inputs, training=False).logits.numpy(), rtol=1e-5, atol=1e-5
+        reloaded(inputs).logits.numpy(), model.masked_lm(inputs, training=False).logits.numpy(), rtol=1e-5, atol=1e-5
     )
 
 
@@ -102,13 +102,16 @@ def test_optimizer_ran_exactly_max_steps(run, shards_dir, read_manifest):
 def test_history_has_masked_accuracy_and_perplexity(run):
     _, history, _ = run
     logs = history.history
-    for key in ("loss", "masked_accuracy", "val_loss", "val_masked_accuracy", "val_perplexity"):
+    accuracies = ("masked_accuracy", "mask_token_accuracy", "top_token_share")
+    for key in ("loss", "val_loss", "val_perplexity", *accuracies, *(f"val_{name}" for name in accuracies)):
         assert key in logs and len(logs[key]) == 1, key
-    assert 0.0 <= logs["masked_accuracy"][0] <= 1.0 and 0.0 <= logs["val_masked_accuracy"][0] <= 1.0
+    for name in accuracies:
+        assert 0.0 <= logs[name][0] <= 1.0 and 0.0 <= logs[f"val_{name}"][0] <= 1.0, name
+    assert logs["val_top_token_share"][0] > 0  # some predictions were counted
     assert math.isfinite(logs["val_loss"][0]) and logs["val_loss"][0] > 0
     assert logs["val_perplexity"][0] == pytest.approx(math.exp(logs["val_loss"][0]), rel=1e-6)
     # An untrained model over the vocabulary: loss near log(vocab), far from 0 and from exploding.
-    assert logs["loss"][0] < 2 * math.log(run[0].config.vocab_size)
+    assert logs["loss"][0] < 2 * math.log(run[0].masked_lm.config.vocab_size)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +165,7 @@ def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, to
     )  # fmt: skip
     saved = json.loads((output_dir / "config.json").read_text())
     assert saved["model_type"] == model_type
-    assert type(model).__name__ == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
+    assert type(model.masked_lm).__name__ == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
     assert (saved["hidden_size"], saved["intermediate_size"], saved["num_hidden_layers"]) == (24, 40, 1)
     assert saved["num_attention_heads"] == 2  # overrides apply on top of the file
     assert saved["vocab_size"] == len(tokenizer)
@@ -223,3 +226,43 @@ def test_mirrored_strategy_over_two_cpu_replicas(run_script, shards_dir, tokeniz
     assert "val_perplexity" in result.stdout
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
     assert (tmp_path / "tokenizer.json").is_file()
+
+
+def test_sparse_head_trains_the_same_model_as_full_logits(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+    """Scoring only the masked positions changes the cost, not the maths: same losses, same weights."""
+    common = ["--config_overrides", tiny_model, "--per_replica_batch_size", BATCH_SIZE, "--max_steps", 6]
+    runs = {}
+    for head in ("sparse", "full"):
+        runs[head] = train(shards_dir, tokenizer_dir, tmp_path / head, *common, "--mlm_head", head)
+    (sparse, sparse_history), (full, full_history) = runs["sparse"], runs["full"]
+    for key in ("loss", "val_loss", "masked_accuracy", "val_masked_accuracy"):
+        np.testing.assert_allclose(sparse_history.history[key], full_history.history[key], rtol=1e-4, err_msg=key)
+    for sparse_weight, full_weight in zip(sparse.masked_lm.weights, full.masked_lm.weights):
+        np.testing.assert_allclose(sparse_weight.numpy(), full_weight.numpy(), rtol=1e-3, atol=1e-5)
+    # The saved checkpoints are the same standard masked LM.
+    assert json.loads((tmp_path / "sparse" / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
+
+
+def test_bfloat16_computes_logits_and_loss_in_float32(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+    import tensorflow as tf
+    import tf_keras
+
+    try:
+        trainer, history = train(
+            shards_dir, tokenizer_dir, tmp_path,
+            "--bfloat16",
+            "--config_overrides", tiny_model,
+            "--per_replica_batch_size", BATCH_SIZE,
+            "--max_steps", 2,
+        )  # fmt: skip
+        assert trainer.masked_lm.layers[0].compute_dtype == "bfloat16"
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")  # the policy is global: later tests want fp32
+    features = {
+        "input_ids": tf.constant([[0, 5, 4, 6, 1] * 4], dtype=tf.int32),
+        "masked_positions": tf.constant([[2, 7]], dtype=tf.int32),
+    }
+    # The encoder ran in bfloat16, but the logits that reach softmax and the loss are float32.
+    assert trainer(features).dtype == tf.float32
+    assert math.isfinite(history.history["val_loss"][0])
