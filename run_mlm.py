@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter out of the training log
 
@@ -549,12 +550,23 @@ def build_model(config, args, total_steps, strategy, mask_token_id):
 def training_callbacks(args, tokenizer):
     import tf_keras
 
-    class Perplexity(tf_keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if logs is not None and "val_loss" in logs:
-                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
+    class EpochSummary(tf_keras.callbacks.Callback):
+        """Adds val_perplexity and the wall time since training began to each epoch's logs."""
 
-    callbacks = [Perplexity()]
+        start = None  # set once: fit_exact_steps may call fit() twice with the same callbacks
+
+        def on_train_begin(self, logs=None):
+            if self.start is None:
+                self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is None:
+                return
+            if "val_loss" in logs:
+                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
+            logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
+
+    callbacks = [EpochSummary()]
     if args.hub_model_id:
         from transformers import PushToHubCallback
 

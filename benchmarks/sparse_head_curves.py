@@ -1,0 +1,96 @@
+"""The sparse LM head against full logits on real shards: loss at every step, and time per step, side by side.
+
+    python benchmarks/sparse_head_curves.py --train_dataset shards/train --tokenizer tokenizer --steps 300
+
+Both runs start from the same initial weights and read the same batches with the same masks (same seed),
+so any difference in the loss curves comes from the head. run_mlm.py's own functions build the data and
+the model; the loss of each step is recovered from fit()'s running mean.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run_mlm.py lives at the repository root
+
+import run_mlm  # noqa: E402
+from machine import describe_machine  # noqa: E402
+from training_speed import CONFIGS  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train_dataset", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--config", default="tiny", choices=list(CONFIGS))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--print_every", type=int, default=25)
+    return parser.parse_args()
+
+
+def train(head, args, tokenizer, manifest):
+    """Per-step losses and seconds per step (the first 5 steps, which trace and warm up, excluded)."""
+    import tensorflow as tf
+    import tf_keras
+
+    flags = argparse.Namespace(
+        seed=0, shuffle_buffer_size=10000, mlm_probability=0.15, mlm_head=head, jit_compile=False,
+        learning_rate=args.learning_rate, warmup_ratio=0.05, weight_decay_rate=0.01, steps_per_execution=1,
+        per_replica_batch_size=args.batch_size, bfloat16=False, pretrained_model_config=None,
+        trust_remote_code=False, tokenizer=args.tokenizer,
+        config_overrides=",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size"),
+    )  # fmt: skip
+    tf_keras.utils.set_random_seed(0)  # the same initial weights for both heads
+    config = run_mlm.build_config(flags, tokenizer, manifest["max_length"])
+    dataset = run_mlm.build_dataset(
+        manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
+    )
+    _, trainer = run_mlm.build_model(config, flags, args.steps, tf.distribute.get_strategy(), tokenizer.mask_token_id)
+
+    class StepLog(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.means, self.times = [], []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.means.append(logs["loss"])
+            self.times.append(time.perf_counter())
+
+    log = StepLog()
+    trainer.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=[log])
+    # fit() reports the running mean of the epoch; step k's own loss is k*mean_k - (k-1)*mean_(k-1).
+    losses = [log.means[0]] + [(k + 1) * log.means[k] - k * log.means[k - 1] for k in range(1, len(log.means))]
+    seconds = (log.times[-1] - log.times[4]) / (len(log.times) - 5)
+    return losses, seconds
+
+
+def main():
+    args = parse_args()
+    print(f"Machine: {describe_machine()}")
+    tokenizer = run_mlm.load_tokenizer(args.tokenizer, trust_remote_code=False)
+    manifest = run_mlm.read_manifest(args.train_dataset, "--train_dataset")
+    full_losses, full_seconds = train("full", args, tokenizer, manifest)
+    sparse_losses, sparse_seconds = train("sparse", args, tokenizer, manifest)
+
+    print(f"{args.config} config, vocab {len(tokenizer)}, batch {args.batch_size} x {manifest['max_length']}, "
+          f"lr {args.learning_rate}, {args.steps} steps\n")  # fmt: skip
+    print("| step | loss, full logits | loss, sparse head | difference |")
+    print("|---:|---:|---:|---:|")
+    for step in list(range(0, args.steps, args.print_every)) + [args.steps - 1]:
+        full, sparse = full_losses[step], sparse_losses[step]
+        print(f"| {step + 1} | {full:.4f} | {sparse:.4f} | {sparse - full:+.4f} |")
+    largest = max(abs(a - b) for a, b in zip(full_losses, sparse_losses))
+    print(f"\nLargest per-step difference over {args.steps} steps: {largest:.2e}")
+    # The two runs are sequential, so this ratio is rougher than benchmarks/training_speed.py's interleaved one.
+    print(f"Seconds per step (sequential runs): full {full_seconds:.3f}, sparse {sparse_seconds:.3f} "
+          f"({full_seconds / sparse_seconds:.2f}x the tokens per second)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
