@@ -22,13 +22,23 @@ Output, for each split:
                                                             feature "input_ids": int64 x max_length
     <output_dir>/<split>/manifest.json                      written last: a split without it is unfinished
 
+The split flows through in batches, so memory stays flat however large the corpus: local files are read as
+a stream, a Hub split is downloaded to the datasets cache and read from there. --num_proc threads tokenize
+batches while the main thread packs the previous ones and writes them.
+
 Next step: run_mlm.py --train_dataset <output_dir>/train --eval_dataset <output_dir>/validation.
 """
 
 import argparse
+import collections
+import copy
+import functools
+import itertools
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter out of the log
 
@@ -51,6 +61,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def available_cores():
+    """The cores this process may run on (its CPU affinity), which can be fewer than the machine has."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Tokenize a split and write it as TFRecord shards of packed sequences.")
     data = parser.add_argument_group("data (the Hub by default, or local files)")
@@ -68,8 +83,17 @@ def parse_args(argv=None):
     tokens = parser.add_argument_group("tokenization")
     tokens.add_argument("--tokenizer_name_or_path", required=True, help="Tokenizer folder or Hub id.")
     tokens.add_argument("--max_length", type=int, default=128, help="Tokens per sequence (default: 128).")
-    tokens.add_argument("--batch_size", type=int, default=1000, help="Lines tokenized per call (default: 1000).")
-    tokens.add_argument("--num_proc", type=int, default=1, help="Processes that tokenize in parallel.")
+    tokens.add_argument(
+        "--batch_size", type=int, default=1000, help="Non-blank lines tokenized per call (default: 1000)."
+    )
+    tokens.add_argument(
+        "--num_proc",
+        type=int,
+        help="Tokenizer threads: this many batches are tokenized at once, one core each, while the main thread "
+        f"packs and writes (default: the cores this process may use, {available_cores()} here). A tokenizer "
+        "class that changes the text in Python before tokenizing runs in one thread, on the tokenizer's own "
+        "thread pool.",
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--output_dir", required=True, help="Local folder or gs://bucket/prefix.")
     output.add_argument("--shard_size", type=int, default=10000, help="Sequences per shard (default: 10000).")
@@ -87,7 +111,7 @@ def check_args(args):
     if args.split not in SPLITS:
         raise UsageError(f"--split {args.split!r} is not a split this script knows; use one of {', '.join(SPLITS)}.")
     for flag in ("max_length", "batch_size", "num_proc", "shard_size"):
-        if getattr(args, flag) <= 0:
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise UsageError(f"--{flag} {getattr(args, flag)} must be a positive number.")
     if args.max_length < 2:
         raise UsageError(f"--max_length {args.max_length} is too short for a sequence; use 128 or 512.")
@@ -116,30 +140,81 @@ def describe_source(args):
     return local_split_file(args) or f"{args.dataset_name}/{args.dataset_config}"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Reading: the split's texts as a stream
+
+
+def split_texts(args):
+    """The split's non-blank texts, in order, as a stream: the first --limit rows, blank ones skipped."""
+    path = local_split_file(args)
+    if path is not None and LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()] == "text":
+        rows = text_file_lines(path, args)
+    else:
+        rows = dataset_column(load_split(args), args)
+    rows = reading_errors_as_usage_errors(rows, args)
+    if args.limit is not None:
+        rows = itertools.islice(rows, args.limit)
+    return (text for text in rows if text is not None and text.strip())
+
+
+def text_file_lines(path, args):
+    """The lines of a .txt file exactly as datasets' "text" builder splits them: universal newlines (\\r\\n and \\r
+    read as \\n), split on \\n only, without the line break. Reading them here skips importing datasets."""
+    check_text_column(args, ["text"])
+    with open(path, encoding="utf-8") as file:
+        for line in file:
+            yield line.rstrip("\n")
+
+
 def load_split(args):
-    """The requested split as a datasets.Dataset, from a local file or the Hub."""
+    """The requested split as a datasets.Dataset: a local file as a stream, a Hub split from the local cache."""
     import datasets
 
     path = local_split_file(args)
     try:
-        if path is not None:
+        if path is not None:  # streamed: nothing is copied into the cache, and memory stays flat
             builder = LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
-            dataset = datasets.load_dataset(builder, data_files={args.split: path}, split=args.split)
+            dataset = datasets.load_dataset(builder, data_files={args.split: path}, split=args.split, streaming=True)
         else:  # only this split's files are fetched; an unknown split is named in the error
             extra = {"trust_remote_code": True} if args.trust_remote_code else {}
             dataset = datasets.load_dataset(args.dataset_name, args.dataset_config, split=args.split, **extra)
     except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
+        raise UsageError(cannot_read(args, error)) from None
+    return dataset
+
+
+def dataset_column(dataset, args):
+    """The --text_column of every row, read in Arrow batches; a streamed dataset knows its columns only then."""
+    for table in dataset.with_format("arrow").iter(batch_size=args.batch_size):
+        check_text_column(args, table.column_names)
+        yield from table.column(args.text_column).to_pylist()
+
+
+def check_text_column(args, columns):
+    if args.text_column not in columns:
         raise UsageError(
-            f"could not read {describe_source(args)}: {first_line(error)}; check the path or name."
-        ) from None
-    if args.text_column not in dataset.column_names:
-        raise UsageError(
-            f"--text_column {args.text_column!r} is not in the data, whose columns are {dataset.column_names}; "
+            f"--text_column {args.text_column!r} is not in the data, whose columns are {columns}; "
             "pass the right --text_column."
         )
-    if args.limit is not None:
-        dataset = dataset.select(range(min(args.limit, len(dataset))))
-    return dataset
+
+
+def reading_errors_as_usage_errors(rows, args):
+    """The rows; a streamed source fails while it is read (bad encoding, malformed JSON), not when opened."""
+    iterator = iter(rows)
+    while True:
+        try:
+            row = next(iterator)
+        except StopIteration:
+            return
+        except UsageError:
+            raise
+        except Exception as error:
+            raise UsageError(cannot_read(args, error)) from None
+        yield row
+
+
+def cannot_read(args, error):
+    return f"could not read {describe_source(args)}: {first_line(error)}; check the path or name."
 
 
 def first_line(error):
@@ -153,6 +228,17 @@ def first_line(error):
     while root.__cause__ is not None or root.__context__ is not None:
         root = root.__cause__ or root.__context__
     return describe(error) if root is error else f"{describe(error)} ({describe(root)})"
+
+
+def batches_of(items, size):
+    """Lists of `size` consecutive items (the last one shorter)."""
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenizing: batches in parallel threads, results in order
 
 
 def load_tokenizer(name_or_path, trust_remote_code):
@@ -172,41 +258,171 @@ def load_tokenizer(name_or_path, trust_remote_code):
     return tokenizer
 
 
-def tokenize(dataset, tokenizer, args):
-    """One row of token ids per non-blank line, each wrapped as [CLS] ... [SEP] by the tokenizer."""
+def encodes_with_the_backend_as_is(tokenizer):
+    """Whether `tokenizer(texts)` is PreTrainedTokenizerFast's own batch call, which hands the texts unchanged to
+    the Rust backend. Some classes (CPM, for one) rewrite the text in Python first; those keep that call."""
+    from transformers import PreTrainedTokenizerFast
 
-    def encode(batch):
-        texts = [text for text in batch[args.text_column] if text is not None and text.strip()]
-        if not texts:  # the tokenizer refuses an empty batch
-            return {FEATURE_NAME: []}
-        return {FEATURE_NAME: tokenizer(texts, add_special_tokens=True)["input_ids"]}
-
-    return dataset.map(
-        encode,
-        batched=True,
-        batch_size=args.batch_size,
-        num_proc=args.num_proc if args.num_proc > 1 else None,
-        remove_columns=dataset.column_names,
-        desc=f"Tokenizing {args.split}",
-    )
+    call_path = ("__call__", "_call_one", "batch_encode_plus", "_batch_encode_plus")
+    return all(getattr(type(tokenizer), name) is getattr(PreTrainedTokenizerFast, name) for name in call_path)
 
 
-def token_stream(tokenized, batch_size):
-    """The split's token ids as a sequence of flat int64 arrays, read straight from Arrow (no Python lists)."""
+class BatchEncoder:
+    """texts -> their token ids, each text's `[CLS] ... [SEP]` concatenated into one int64 array: the same ids as
+    `tokenizer(texts)["input_ids"]`, without building its per-text lists of ids, types and attention masks."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.direct = encodes_with_the_backend_as_is(tokenizer)
+        if self.direct:
+            # A copy set up as transformers sets the backend for that call (no truncation, no padding), so the
+            # threads share one object that nobody reconfigures while they use it.
+            self.backend = copy.deepcopy(tokenizer.backend_tokenizer)
+            self.backend.no_truncation()
+            self.backend.no_padding()
+            self.backend.encode_special_tokens = tokenizer.split_special_tokens
+
+    def __call__(self, texts):
+        import numpy as np
+
+        if self.direct:
+            per_text = [encoding.ids for encoding in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
+        else:
+            per_text = self.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        total = sum(map(len, per_text))
+        return np.fromiter(itertools.chain.from_iterable(per_text), dtype=np.int64, count=total)
+
+
+@contextmanager
+def tokenizer_pool_off():
+    """Turn off the Rust tokenizer's own thread pool (read at every call), so that each of our threads uses one
+    core: --num_proc threads then use --num_proc cores, not --num_proc times all of them."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+
+
+def in_order(function, batches, threads):
+    """function(batch) for each batch, computed in `threads` threads and yielded in order. Only a few batches are
+    read ahead, so memory does not grow with the corpus."""
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+    pending = collections.deque()
+    try:
+        for batch in batches:
+            pending.append(pool.submit(function, batch))
+            if len(pending) > 2 * threads:  # keeps every thread busy while the main thread catches up
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def token_id_batches(texts, tokenizer, args):
+    """(number of texts, their token ids as one int64 array) for each batch of --batch_size texts, in order."""
+    encode = BatchEncoder(tokenizer)
+
+    def encode_batch(batch):
+        return len(batch), encode(batch)
+
+    batches = batches_of(texts, args.batch_size)
+    if not encode.direct:  # transformers reconfigures the backend at every call, so calls must not overlap;
+        yield from in_order(encode_batch, batches, threads=1)  # each one uses the tokenizer's own thread pool
+        return
+    with tokenizer_pool_off():
+        yield from in_order(encode_batch, batches, threads=args.num_proc or available_cores())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Serializing: tf.train.Example bytes, built with numpy
+
+
+def varint(value):
+    """Protobuf's varint of a non-negative int: 7 bits a byte, low bits first, the top bit set on all but the last."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def length_delimited(field_number, length):
+    """The tag and length that open a length-delimited protobuf field (wire type 2)."""
+    return varint(field_number << 3 | 2) + varint(length)
+
+
+@functools.lru_cache(maxsize=None)
+def example_prefix(values_size):
+    """The bytes of Example{features{feature{key: "input_ids", value: Feature{int64_list{value: [...]}}}}} that
+    come before the packed values, for values taking `values_size` bytes; each level is a tag, the length of
+    what follows and then its content, built here from the inside out. Few sizes occur, so they are cached."""
+    name = FEATURE_NAME.encode()
+    prefix = length_delimited(1, values_size)  # Int64List.value, packed
+    prefix = length_delimited(3, len(prefix) + values_size) + prefix  # Feature.int64_list
+    key = length_delimited(1, len(name)) + name  # the map entry's key comes before its value
+    prefix = key + length_delimited(2, len(prefix) + values_size) + prefix  # the map entry's value
+    prefix = length_delimited(1, len(prefix) + values_size) + prefix  # Features.feature, the map entry
+    return length_delimited(1, len(prefix) + values_size) + prefix  # Example.features
+
+
+def varints(values):
+    """The varints of a 2-D uint64 array, all concatenated row by row, and the number of bytes of each row."""
     import numpy as np
 
-    for table in tokenized.with_format("arrow").iter(batch_size=batch_size):
-        yield table.column(FEATURE_NAME).combine_chunks().flatten().to_numpy().astype(np.int64, copy=False)
+    sizes = np.ones(values.shape, dtype=np.uint8)  # bytes per value
+    largest = int(values.max()) if values.size else 0
+    for bits in range(7, 64, 7):
+        if largest < 1 << bits:
+            break
+        sizes += values >= 1 << bits
+    width = int(sizes.max()) if values.size else 1
+    # Byte k of every value (bits 7k..7k+6), and whether the value has a byte k. One pass per k: numpy is
+    # slow when it broadcasts over a last axis this short.
+    groups = np.empty(values.shape + (width,), dtype=np.uint8)
+    present = np.empty(values.shape + (width,), dtype=bool)
+    for k in range(width):
+        groups[..., k] = (values >> 7 * k) & 0x7F
+        present[..., k] = sizes > k
+    groups[..., :-1] |= present[..., 1:].view(np.uint8) << 7  # the continuation bit: another byte follows
+    return groups[present], sizes.sum(axis=1, dtype=np.int64)
+
+
+def serialize(sequences):
+    """tf.train.Example bytes for each row of a 2-D int64 array, identical to building the Example with
+    tf.train.Int64List(value=row) and calling SerializeToString(), but without a Python object per token."""
+    import numpy as np
+
+    # Two's complement, as protobuf writes an int64: a negative value becomes a 10-byte varint.
+    values = np.ascontiguousarray(sequences, dtype=np.int64).view(np.uint64)
+    packed, sizes = varints(values)
+    packed = packed.tobytes()
+    ends = np.cumsum(sizes).tolist()
+    return [example_prefix(end - start) + packed[start:end] for start, end in zip([0] + ends[:-1], ends)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Writing: shards, manifest, clean-up
 
 
 class ShardWriter:
-    """Writes `<split>-<index>-<records>.tfrecord` files; each appears under its final name only when complete."""
+    """Writes `<split>-<index>-<records>.tfrecord` files; each appears under its final name only when complete.
+
+    The split's folder is emptied of an earlier split only when the first record comes: until then a bad input
+    leaves existing output untouched."""
 
     def __init__(self, split_dir, split, shard_size):
         self.split_dir, self.split, self.shard_size = split_dir, split, shard_size
         self.shards = []
         self.writer = None
         self.records_in_shard = 0
+        self.started = False
 
     def _temporary_path(self):
         return f"{self.split_dir}/.{self.split}-{len(self.shards):05d}.tfrecord.tmp"
@@ -215,6 +431,9 @@ class ShardWriter:
         import tensorflow as tf
 
         if self.writer is None:
+            if not self.started:
+                clear_split_dir(self.split_dir)
+                self.started = True
             self.writer = tf.io.TFRecordWriter(self._temporary_path())
         self.writer.write(example_bytes)
         self.records_in_shard += 1
@@ -232,12 +451,17 @@ class ShardWriter:
         self.shards.append({"file": name, "records": self.records_in_shard})
         self.writer, self.records_in_shard = None, 0
 
+    def discard(self):
+        """Remove whatever this writer wrote: a later step must never pick up a half-written split."""
+        import tensorflow as tf
 
-def serialize(sequence):
-    import tensorflow as tf
-
-    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=sequence))
-    return tf.train.Example(features=tf.train.Features(feature={FEATURE_NAME: feature})).SerializeToString()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.started:
+            remove_outputs(self.split_dir)
+            if not tf.io.gfile.listdir(self.split_dir):
+                tf.io.gfile.rmtree(self.split_dir)
 
 
 def check_split_dir(args):
@@ -284,22 +508,30 @@ def special_token_ids(tokenizer):
     return {name: getattr(tokenizer, f"{name}_token_id") for name in names}
 
 
-def write_shards(args, tokenizer, tokenized, split_dir):
+def write_shards(args, tokenizer, texts, writer):
+    """Tokenize, pack and write the split; returns its manifest."""
     import numpy as np
     from tqdm.auto import tqdm
 
-    writer = ShardWriter(split_dir, args.split, args.shard_size)
     progress = tqdm(desc=f"Writing {args.split} shards", unit=" sequences")
+    documents = 0
     carry = np.zeros((0,), dtype=np.int64)  # tokens waiting for the next batch to fill a sequence
-    for flat in token_stream(tokenized, args.batch_size):
-        stream = np.concatenate([carry, flat])
-        full = len(stream) // args.max_length * args.max_length
-        carry = stream[full:]
-        for sequence in stream[:full].reshape(-1, args.max_length):
-            writer.write(serialize(sequence))
-        progress.update(full // args.max_length)
+    with closing(token_id_batches(texts, tokenizer, args)) as batches:  # stops the threads if writing fails
+        for texts_in_batch, ids in batches:
+            documents += texts_in_batch
+            stream = np.concatenate([carry, ids])
+            full = len(stream) // args.max_length * args.max_length
+            carry = stream[full:]
+            for example_bytes in serialize(stream[:full].reshape(-1, args.max_length)):
+                writer.write(example_bytes)
+            progress.update(full // args.max_length)
     writer.finish_shard()
     progress.close()
+    if documents == 0:
+        raise UsageError(
+            f"the {args.split} split ({describe_source(args)}) has no non-blank text; "
+            "check the input and --text_column."
+        )
     dropped_tokens = len(carry)
     records = sum(shard["records"] for shard in writer.shards)
     if records == 0:
@@ -313,7 +545,7 @@ def write_shards(args, tokenizer, tokenized, split_dir):
         "records": records,
         "tokens": records * args.max_length,
         "dropped_tokens": int(dropped_tokens),
-        "documents": len(tokenized),
+        "documents": documents,
         "packing": PACKING,
         "vocab_size": len(tokenizer),
         "special_token_ids": special_token_ids(tokenizer),
@@ -326,25 +558,15 @@ def write_shards(args, tokenizer, tokenized, split_dir):
 
 def main(args):
     check_args(args)
-    import tensorflow as tf
-
     split_dir = check_split_dir(args)  # before tokenizing: refusing after minutes of work helps nobody
     tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
-    dataset = load_split(args)
-    tokenized = tokenize(dataset, tokenizer, args)
-    if len(tokenized) == 0:
-        raise UsageError(
-            f"the {args.split} split ({describe_source(args)}) has no non-blank text; "
-            "check the input and --text_column."
-        )
-    clear_split_dir(split_dir)
+    texts = split_texts(args)
+    writer = ShardWriter(split_dir, args.split, args.shard_size)
     try:
-        manifest = write_shards(args, tokenizer, tokenized, split_dir)
+        manifest = write_shards(args, tokenizer, texts, writer)
         write_manifest(split_dir, manifest)
     except BaseException:
-        remove_outputs(split_dir)  # a later step must never pick up a half-written split
-        if not tf.io.gfile.listdir(split_dir):
-            tf.io.gfile.rmtree(split_dir)
+        writer.discard()
         raise
     print(
         f"Wrote {manifest['records']} sequences of {args.max_length} tokens ({manifest['tokens']} tokens, "

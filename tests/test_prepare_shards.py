@@ -1,4 +1,10 @@
+import itertools
+import json
+import os
+import random
 import re
+import shutil
+import time
 
 import pytest
 
@@ -110,8 +116,11 @@ def test_no_temporary_files_remain(shards_dir):
     assert sorted(path.name for path in shards_dir.iterdir()) == ["train", "validation"]
 
 
-def test_num_proc_2_gives_identical_shards(shards_dir, tokenizer_dir, corpus, tmp_path):
-    manifest = run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--num_proc", 2, "--shard_size", SHARD_SIZE)
+@pytest.mark.parametrize("num_proc", [1, 2, 5])
+def test_num_proc_gives_identical_shards(shards_dir, tokenizer_dir, corpus, tmp_path, num_proc):
+    manifest = run_prepare(
+        corpus["train"], tokenizer_dir, tmp_path, "--num_proc", num_proc, "--shard_size", SHARD_SIZE
+    )
     reference = shards_dir / "train"
     assert [path.name for path in shard_files(tmp_path / "train")] == [path.name for path in shard_files(reference)]
     for path in shard_files(reference):
@@ -119,9 +128,9 @@ def test_num_proc_2_gives_identical_shards(shards_dir, tokenizer_dir, corpus, tm
     assert manifest["records"] == sum(shard["records"] for shard in manifest["shards"])
 
 
-@pytest.mark.parametrize("batch_size", [1, 7])
+@pytest.mark.parametrize("batch_size", [1, 7, 100000])
 def test_batch_size_does_not_change_the_records(shards_dir, tokenizer_dir, corpus, tmp_path, batch_size):
-    # With --batch_size 1 every blank line is a batch of its own with no text left to tokenize.
+    # 1: one line per call; 100000: the whole split in one call.
     run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--batch_size", batch_size, "--shard_size", SHARD_SIZE)
     reference = shards_dir / "train"
     assert [path.read_bytes() for path in shard_files(tmp_path / "train")] == [
@@ -138,8 +147,6 @@ def test_limit_uses_only_the_first_rows(tokenizer_dir, tokenizer, corpus, tmp_pa
 
 
 def test_jsonl_input_with_text_column(tokenizer_dir, tokenizer, tmp_path, read_records):
-    import json
-
     lines = make_corpus_lines(80, seed=11)
     path = tmp_path / "validation.jsonl"
     rows = [{"body": line if line else None, "n": index} for index, line in enumerate(lines)]
@@ -148,6 +155,7 @@ def test_jsonl_input_with_text_column(tokenizer_dir, tokenizer, tmp_path, read_r
     expected, _ = expected_sequences(tokenizer, write_lines(tmp_path / "same.txt", lines), MAX_LENGTH)
     assert read_records(shard_files(tmp_path / "out" / "validation")) == expected
     assert manifest["split"] == "validation" and manifest["source"] == str(path)
+    assert manifest["documents"] == sum(1 for line in lines if line.strip())
 
 
 def test_finished_split_is_refused_without_overwrite(
@@ -213,3 +221,166 @@ def test_dataset_name_path_selects_the_split(corpus, tokenizer_dir, tokenizer, r
     with pytest.raises(prepare.UsageError, match=r"Unknown split \"test\""):
         prepare.main(prepare.parse_args(argv))
     assert not (tmp_path / "shards" / "test").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fast paths give exactly what the straightforward code gives; bad input midway leaves nothing behind
+
+
+def example_bytes_from_tensorflow(row):
+    import tensorflow as tf
+
+    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
+    return tf.train.Example(features=tf.train.Features(feature={"input_ids": feature})).SerializeToString()
+
+
+EDGE_IDS = [0, 1, 127, 128, 255, 16383, 16384, 2**21 - 1, 2**21, 2**31 - 1, 2**32, 2**56 - 1, 2**56, 2**63 - 1]
+EDGE_IDS += [-1, -2, -128, -(2**31), -(2**63)]
+
+
+def rows_of_every_kind(max_length, seed):
+    """Rows of small ids, of vocabulary-sized ids, of random ids of every varint size (1 to 10 bytes, negative
+    ones included), of edge values, and of the largest and the negative ids, whose long rows need multi-byte
+    lengths at every level of the Example."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    shifts = rng.integers(0, 64, size=max_length)
+    any_size = rng.integers(-(2**63), 2**63 - 1, size=max_length, dtype=np.int64, endpoint=True) >> shifts
+    rows = [
+        rng.integers(0, 128, size=max_length),
+        rng.integers(0, 50000, size=max_length),
+        any_size,
+        np.resize(np.array(EDGE_IDS, dtype=np.int64), max_length),
+        np.full(max_length, 2**63 - 1),
+        np.full(max_length, -1),
+    ]
+    return np.stack(rows).astype(np.int64)
+
+
+@pytest.mark.parametrize("max_length", [2, 3, 15, 128, 129, 1700])
+def test_serialize_is_byte_identical_to_tf_train_example(max_length):
+    rows = rows_of_every_kind(max_length, seed=max_length)
+    assert prepare.serialize(rows) == [example_bytes_from_tensorflow(row) for row in rows]
+
+
+def test_serialize_of_no_rows_is_nothing():
+    import numpy as np
+
+    assert prepare.serialize(np.zeros((0, 128), dtype=np.int64)) == []
+
+
+def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
+    import datasets
+
+    # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85, \u2028 and friends are not.
+    text = "\ufeffbom\r\nwindows\rold mac\n\nform\x0bfeed\x0c\x1c\x1d\x1e\x85\u2028\u2029 end\n \t \nno newline"
+    path = tmp_path / "tricky.txt"
+    path.write_bytes(text.encode("utf-8"))
+    builder = datasets.load_dataset("text", data_files={"train": str(path)}, split="train", streaming=True)
+    args = prepare.parse_args(["--train_file", str(path), "--tokenizer_name_or_path", "t", "--output_dir", "o"])
+    assert list(prepare.text_file_lines(str(path), args)) == [row["text"] for row in builder]
+
+
+def flat(lists):
+    return [value for values in lists for value in values]
+
+
+def test_batch_encoder_gives_the_tokenizers_ids(tokenizer):
+    texts = [line for line in make_corpus_lines(60, seed=5) if line.strip()]
+    texts += ["[MASK] and [CLS] inside the text [SEP]", "  leading spaces", "ｆｕｌｌ width", "long " * 700]
+    texts += ["<unk> <pad>", "trailing spaces  "]
+    encode = prepare.BatchEncoder(tokenizer)
+    assert encode.direct
+    ids = encode(texts)
+    assert str(ids.dtype) == "int64"
+    assert ids.tolist() == flat(tokenizer(texts)["input_ids"])
+
+
+def test_batch_encoder_ignores_truncation_and_padding_set_on_the_tokenizer(tokenizer_dir):
+    """transformers turns a backend's own truncation and padding off for `tokenizer(texts)`; so must we."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.backend_tokenizer.enable_truncation(max_length=5)
+    tokenizer.backend_tokenizer.enable_padding(length=64)
+    texts = [line for line in make_corpus_lines(20, seed=6) if line.strip()]
+    ids = prepare.BatchEncoder(tokenizer)(texts).tolist()
+    assert tokenizer.backend_tokenizer.truncation is not None, "the user's tokenizer was changed"
+    expected = tokenizer(texts)["input_ids"]
+    assert ids == flat(expected)
+    assert max(map(len, expected)) > 5 and 64 not in map(len, expected)
+
+
+def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(tokenizer_dir, tokenizer):
+    from transformers import PreTrainedTokenizerFast
+
+    class Shouting(PreTrainedTokenizerFast):
+        def _batch_encode_plus(self, batch_text_or_text_pairs, *args, **kwargs):
+            texts = [text.upper() for text in batch_text_or_text_pairs]
+            return super()._batch_encode_plus(texts, *args, **kwargs)
+
+    shouting = Shouting.from_pretrained(str(tokenizer_dir))
+    texts = ["the river crossed the old city", "a small house"]
+    encode = prepare.BatchEncoder(shouting)
+    assert not encode.direct
+    assert encode(texts).tolist() == flat(shouting(texts)["input_ids"]) != flat(tokenizer(texts)["input_ids"])
+
+
+def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead():
+    pulled = []
+
+    def batches():
+        for index in range(10000):
+            pulled.append(index)
+            yield index
+
+    def slow_square(value):
+        time.sleep(random.random() / 200)  # threads finish out of order
+        return value * value
+
+    results = prepare.in_order(slow_square, batches(), threads=3)
+    assert list(itertools.islice(results, 20)) == [value * value for value in range(20)]
+    assert len(pulled) <= 20 + 2 * 3 + 1
+    results.close()
+
+
+@pytest.mark.parametrize("previous", [None, "true"])
+def test_the_tokenizer_parallelism_setting_is_restored(corpus, tokenizer_dir, tmp_path, monkeypatch, previous):
+    if previous is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", previous)
+    run_prepare(corpus["validation"], tokenizer_dir, tmp_path, split="validation")
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == previous
+
+
+def output_files(folder):
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+
+
+def test_undecodable_line_midway_is_a_usage_error_and_leaves_nothing(corpus, tokenizer_dir, tmp_path):
+    path = tmp_path / "train.txt"
+    good = corpus["train"].read_bytes()
+    path.write_bytes(good + b"caf\xe9 in Latin-1\n" + good)  # far past the first shards
+    output_dir = tmp_path / "out"
+    with pytest.raises(prepare.UsageError, match=r"could not read .*UnicodeDecodeError"):
+        run_prepare(path, tokenizer_dir, output_dir, "--batch_size", 5, "--shard_size", 5)
+    assert output_files(output_dir) == []
+
+
+@pytest.mark.parametrize("problem", ["wrong text column", "blank lines", "too little text"])
+def test_bad_input_leaves_the_split_it_would_overwrite(shards_dir, tokenizer_dir, corpus, tmp_path, problem):
+    """The old split is removed only when the first new record is ready to take its place."""
+    shutil.copytree(shards_dir / "validation", tmp_path / "validation")
+    before = {name: (tmp_path / name).read_bytes() for name in output_files(tmp_path)}
+    source, extra = corpus["validation"], []
+    if problem == "wrong text column":
+        extra = ["--text_column", "body"]
+    elif problem == "blank lines":
+        source = write_lines(tmp_path.parent / f"{tmp_path.name}-blank.txt", ["", "  ", ""])
+    else:
+        source = write_lines(tmp_path.parent / f"{tmp_path.name}-short.txt", ["the river"])
+    with pytest.raises(prepare.UsageError):
+        run_prepare(source, tokenizer_dir, tmp_path, "--overwrite_output_dir", *extra, split="validation")
+    assert {name: (tmp_path / name).read_bytes() for name in output_files(tmp_path)} == before
