@@ -6,7 +6,6 @@ on are shared and noisy, so a ratio measured side by side is what carries over.
 
 import os
 import platform
-import statistics
 import time
 
 
@@ -35,19 +34,19 @@ def describe_machine():
     return f"{model}, {cores} cores{memory}; Python {platform.python_version()}, {', '.join(versions)}"
 
 
-def median_time(function, repeats):
-    """Median wall time of `repeats` calls, in seconds."""
+def fastest_time(function, repeats):
+    """The shortest wall time of `repeats` calls, in seconds: what the machine can do when nothing interferes."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def matmul_ceiling(dtype="float32", sizes=(1024, 2048, 4096), repeats=5):
-    """The best FLOP/s TensorFlow reaches on a square matmul here: the denominator of MFU. The fastest of
-    `repeats` calls counts, not the median: a ceiling is what the machine can do when nothing interferes."""
+    """The best FLOP/s TensorFlow reaches on a square matmul here (the fastest of `repeats` calls, not the
+    median): the denominator of MFU."""
     import tensorflow as tf
 
     best = 0.0
@@ -57,6 +56,6 @@ def matmul_ceiling(dtype="float32", sizes=(1024, 2048, 4096), repeats=5):
         a, b = tf.cast(a, dtype), tf.cast(b, dtype)
         multiply = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)))
         multiply()  # trace and warm up
-        seconds = min(median_time(lambda: multiply().numpy(), 1) for _ in range(repeats))
+        seconds = fastest_time(lambda: multiply().numpy(), repeats)
         best = max(best, 2 * size**3 / seconds)
     return best

@@ -121,11 +121,8 @@ def build_variant(variant, config_values, batches, args):
             elements = [({"input_ids": m, "masked_positions": p}, l) for m, p, l in batches]
     finally:
         tf_keras.mixed_precision.set_global_policy("float32")
-    first = elements[0]
-    dataset = tf.data.Dataset.from_tensors(first)
-    for element in elements[1:]:
-        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(element))
-    return model, dataset.cache().repeat().prefetch(2)
+    stacked = tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)  # one leading axis of batches
+    return model, tf.data.Dataset.from_tensor_slices(stacked).cache().repeat().prefetch(2)
 
 
 def seconds_per_step(model, dataset, steps):
