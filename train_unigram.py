@@ -3,7 +3,7 @@
 
 The tokenizer is trained with 🤗 tokenizers on a text corpus, then saved as a transformers tokenizer
 directory that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with the
-[CLS] / [SEP] / <unk> / <pad> / [MASK] special tokens set. Optionally it is pushed to the Hub.
+[CLS] / <pad> / [SEP] / <unk> / [MASK] special tokens set (ids 0-4). Optionally it is pushed to the Hub.
 
     # WikiText-103 from the Hub (the default corpus)
     python train_unigram.py --vocab_size 32000 --output_dir tokenizer
@@ -27,7 +27,9 @@ import json
 import os
 import sys
 
-SPECIAL_TOKENS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
+# <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1 (PyTorch
+# takes it from pad_token_id), so any other id would shift positions between the two frameworks.
+SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 SCORE_DECIMALS = 6
 REQUIRED_CHAR_SCORE_STEP = 1e-4  # the Unigram trainer's spacing between the rare characters it adds
 LOCAL_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -8,7 +8,7 @@ import pytest
 import train_unigram
 from conftest import VOCAB_SIZE, make_corpus_lines, read_lines, write_lines
 
-SPECIAL_TOKENS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
+SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 
 
 def train(train_file, output_dir, *extra, vocab_size=VOCAB_SIZE):
@@ -28,9 +28,10 @@ def test_saves_a_fast_tokenizer_with_the_special_tokens(tokenizer_dir, tokenizer
     assert tokenizer.is_fast
     assert tokenizer.convert_ids_to_tokens(list(range(5))) == SPECIAL_TOKENS
     assert tokenizer.cls_token == "[CLS]" and tokenizer.cls_token_id == 0
-    assert tokenizer.sep_token == "[SEP]" and tokenizer.sep_token_id == 1
-    assert tokenizer.unk_token == "<unk>" and tokenizer.unk_token_id == 2
-    assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id == 3
+    # <pad> is id 1, as in RoBERTa: TF RoBERTa numbers positions from a padding index fixed at 1.
+    assert tokenizer.sep_token == "[SEP]" and tokenizer.sep_token_id == 2
+    assert tokenizer.unk_token == "<unk>" and tokenizer.unk_token_id == 3
+    assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id == 1
     assert tokenizer.mask_token == "[MASK]" and tokenizer.mask_token_id == 4
     assert sorted(tokenizer.all_special_ids) == [0, 1, 2, 3, 4]
     assert len(SPECIAL_TOKENS) < len(tokenizer) <= VOCAB_SIZE
