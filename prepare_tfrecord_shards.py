@@ -22,6 +22,10 @@ Output, for each split:
                                                             feature "input_ids": int64 x max_length
     <output_dir>/<split>/manifest.json                      written last: a split without it is unfinished
 
+Once a split's manifest exists, the split is replaced only with --overwrite_output_dir. An unfinished split (the
+run was killed, or failed) needs no flag: the same command, run again, writes it from the start, byte for byte
+as an uninterrupted run would have.
+
 The split flows through in batches, so memory stays flat however large the corpus: local files are read as
 a stream, a Hub split is downloaded to the datasets cache and read from there. --num_proc threads tokenize
 batches while the main thread packs the previous ones and writes them.
@@ -45,6 +49,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter
 LOCAL_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 SPLITS = ("train", "validation", "test")
 MANIFEST_NAME = "manifest.json"
+TEMPORARY_MANIFEST_NAME = f".{MANIFEST_NAME}.tmp"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 FEATURE_NAME = "input_ids"
 PACKING = (
     "each non-blank line is tokenized as [CLS] tokens [SEP]; lines are concatenated in order and cut into "
@@ -125,6 +131,8 @@ def check_args(args):
                 f"--split {args.split} was asked for, but only other local splits were given; "
                 f"pass --{args.split}_file."
             )
+        if os.path.isdir(path):
+            raise UsageError(f"--{args.split}_file {path} is a folder; pass a path to a text corpus file.")
         if not os.path.isfile(path):
             raise UsageError(f"--{args.split}_file {path} does not exist; pass a path to a text corpus file.")
         if os.path.getsize(path) == 0:
@@ -134,6 +142,24 @@ def check_args(args):
             raise UsageError(
                 f"--{args.split}_file {path} has extension {extension!r}; use one of {sorted(LOCAL_FILE_BUILDERS)}."
             )
+    check_output_location(args.output_dir)
+
+
+def check_output_location(output_dir):
+    """A local --output_dir that cannot be created or written is refused before any work. A remote one (gs://)
+    shows its permissions only when written to; main() reports a refused write then."""
+    if "://" in output_dir:
+        return
+    existing = os.path.abspath(output_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == os.path.abspath(output_dir) else f"lies under the file {existing}"
+        raise UsageError(f"--output_dir {output_dir} {where}, not a folder; choose a folder path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--output_dir {output_dir} cannot be written: {existing} is read-only; choose another folder."
+        )
 
 
 def describe_source(args):
@@ -161,9 +187,27 @@ def text_file_lines(path, args):
     """The lines of a .txt file exactly as datasets' "text" builder splits them: universal newlines (\\r\\n and \\r
     read as \\n), split on \\n only, without the line break. Reading them here skips importing datasets."""
     check_text_column(args, ["text"])
-    with open(path, encoding="utf-8") as file:
-        for line in file:
-            yield line.rstrip("\n")
+    try:
+        with open(path, encoding="utf-8") as file:
+            for line in file:
+                yield line.rstrip("\n")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"could not read {path}: it is not UTF-8 text (UnicodeDecodeError: {where_not_utf8(path, error)}); "
+            "convert it to UTF-8 (e.g. iconv -f <its encoding> -t utf-8)."
+        ) from None
+
+
+def where_not_utf8(path, error):
+    """Where `path` stops being UTF-8, as the user can find it: the line and its first bad byte. Text mode
+    decodes ahead of the line it hands out, so the decoder's own position says little."""
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as line_error:
+                return f"line {number} holds the byte {raw[line_error.start]:#04x}"
+    return str(error)
 
 
 def load_split(args):
@@ -242,16 +286,22 @@ def batches_of(items, size):
 
 
 def load_tokenizer(name_or_path, trust_remote_code):
-    from transformers import AutoTokenizer
-
-    if not os.path.isdir(name_or_path) and (os.path.exists(name_or_path) or name_or_path.startswith((".", "/"))):
+    if os.path.isdir(name_or_path):
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
+            raise UsageError(
+                f"--tokenizer_name_or_path {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a "
+                "tokenizer folder; pass the --output_dir of train_unigram.py or a Hub id."
+            )
+    elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
         raise UsageError(
             f"--tokenizer_name_or_path {name_or_path} is not a tokenizer folder; "
             "pass the --output_dir of train_unigram.py or a Hub id."
         )
+    from transformers import AutoTokenizer  # only now: a wrong path is answered without loading it
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # transformers raises many kinds for files it cannot make sense of
         raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)}") from None
     if not tokenizer.is_fast:
         raise UsageError(f"the tokenizer {name_or_path!r} is not a fast tokenizer; train one with train_unigram.py.")
@@ -415,7 +465,8 @@ class ShardWriter:
     """Writes `<split>-<index>-<records>.tfrecord` files; each appears under its final name only when complete.
 
     The split's folder is emptied of an earlier split only when the first record comes: until then a bad input
-    leaves existing output untouched."""
+    leaves existing output untouched. Killed at any moment, it leaves either a finished split or a folder
+    without a manifest, which the same command, run again, empties and writes afresh."""
 
     def __init__(self, split_dir, split, shard_size):
         self.split_dir, self.split, self.shard_size = split_dir, split, shard_size
@@ -423,6 +474,7 @@ class ShardWriter:
         self.writer = None
         self.records_in_shard = 0
         self.started = False
+        self.created_folders = []  # deepest first; discard() removes them again
 
     def _temporary_path(self):
         return f"{self.split_dir}/.{self.split}-{len(self.shards):05d}.tfrecord.tmp"
@@ -432,6 +484,7 @@ class ShardWriter:
 
         if self.writer is None:
             if not self.started:
+                self.created_folders = missing_folders(self.split_dir)
                 clear_split_dir(self.split_dir)
                 self.started = True
             self.writer = tf.io.TFRecordWriter(self._temporary_path())
@@ -447,8 +500,11 @@ class ShardWriter:
             return
         self.writer.close()
         name = f"{self.split}-{len(self.shards):05d}-{self.records_in_shard}.tfrecord"
+        # The size lets training check every shard is whole with one stat() call: a truncated TFRecord file
+        # reads as a shorter one without any error.
+        size = tf.io.gfile.stat(self._temporary_path()).length
         tf.io.gfile.rename(self._temporary_path(), f"{self.split_dir}/{name}", overwrite=True)
-        self.shards.append({"file": name, "records": self.records_in_shard})
+        self.shards.append({"file": name, "records": self.records_in_shard, "bytes": size})
         self.writer, self.records_in_shard = None, 0
 
     def discard(self):
@@ -460,8 +516,20 @@ class ShardWriter:
             self.writer = None
         if self.started:
             remove_outputs(self.split_dir)
-            if not tf.io.gfile.listdir(self.split_dir):
-                tf.io.gfile.rmtree(self.split_dir)
+            for folder in dict.fromkeys([self.split_dir, *self.created_folders]):
+                if tf.io.gfile.exists(folder) and not tf.io.gfile.listdir(folder):
+                    tf.io.gfile.rmtree(folder)
+
+
+def missing_folders(folder):
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    import tensorflow as tf
+
+    missing = []
+    while folder and not tf.io.gfile.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
 
 
 def check_split_dir(args):
@@ -486,10 +554,11 @@ def clear_split_dir(split_dir):
 
 
 def remove_outputs(split_dir):
-    """Delete the shards, temporary files and manifest this script writes, and nothing else."""
+    """Delete the manifest, shards and temporary files this script writes, and nothing else. The manifest goes
+    first, so that a folder interrupted halfway through this no longer claims to hold a finished split."""
     import tensorflow as tf
 
-    for pattern in ("*.tfrecord", ".*.tfrecord.tmp", MANIFEST_NAME):
+    for pattern in (MANIFEST_NAME, TEMPORARY_MANIFEST_NAME, "*.tfrecord", ".*.tfrecord.tmp"):
         for path in tf.io.gfile.glob(f"{split_dir}/{pattern}"):
             tf.io.gfile.remove(path)
 
@@ -497,7 +566,7 @@ def remove_outputs(split_dir):
 def write_manifest(split_dir, manifest):
     import tensorflow as tf
 
-    temporary = f"{split_dir}/.{MANIFEST_NAME}.tmp"
+    temporary = f"{split_dir}/{TEMPORARY_MANIFEST_NAME}"
     with tf.io.gfile.GFile(temporary, "w") as file:
         file.write(json.dumps(manifest, indent=2) + "\n")
     tf.io.gfile.rename(temporary, f"{split_dir}/{MANIFEST_NAME}", overwrite=True)
@@ -513,20 +582,27 @@ def write_shards(args, tokenizer, texts, writer):
     import numpy as np
     from tqdm.auto import tqdm
 
-    progress = tqdm(desc=f"Writing {args.split} shards", unit=" sequences")
+    progress = None  # shown from the first sequence on: input refused before then gets its error line alone
     documents = 0
     carry = np.zeros((0,), dtype=np.int64)  # tokens waiting for the next batch to fill a sequence
     with closing(token_id_batches(texts, tokenizer, args)) as batches:  # stops the threads if writing fails
-        for texts_in_batch, ids in batches:
-            documents += texts_in_batch
-            stream = np.concatenate([carry, ids])
-            full = len(stream) // args.max_length * args.max_length
-            carry = stream[full:]
-            for example_bytes in serialize(stream[:full].reshape(-1, args.max_length)):
-                writer.write(example_bytes)
-            progress.update(full // args.max_length)
+        try:
+            for texts_in_batch, ids in batches:
+                documents += texts_in_batch
+                stream = np.concatenate([carry, ids])
+                full = len(stream) // args.max_length * args.max_length
+                carry = stream[full:]
+                sequences = stream[:full].reshape(-1, args.max_length)
+                if progress is None and len(sequences):
+                    progress = tqdm(desc=f"Writing {args.split} shards", unit=" sequences")
+                for example_bytes in serialize(sequences):
+                    writer.write(example_bytes)
+                if progress is not None:
+                    progress.update(len(sequences))
+        finally:
+            if progress is not None:
+                progress.close()  # ends the bar's line, so that an error found midway starts a line of its own
     writer.finish_shard()
-    progress.close()
     if documents == 0:
         raise UsageError(
             f"the {args.split} split ({describe_source(args)}) has no non-blank text; "
@@ -556,17 +632,30 @@ def write_shards(args, tokenizer, texts, writer):
     }
 
 
+def is_write_error(error):
+    """Whether `error` is the file system refusing a write: permissions, a full disk, a file in the way."""
+    import tensorflow as tf
+
+    return isinstance(error, (OSError, tf.errors.OpError))
+
+
 def main(args):
     check_args(args)
-    split_dir = check_split_dir(args)  # before tokenizing: refusing after minutes of work helps nobody
+    # The tokenizer first: a wrong path is reported in a second rather than after TensorFlow has loaded.
     tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
+    split_dir = check_split_dir(args)  # before tokenizing: refusing after minutes of work helps nobody
     texts = split_texts(args)
     writer = ShardWriter(split_dir, args.split, args.shard_size)
     try:
         manifest = write_shards(args, tokenizer, texts, writer)
         write_manifest(split_dir, manifest)
-    except BaseException:
+    except BaseException as error:
         writer.discard()
+        if is_write_error(error):
+            raise UsageError(
+                f"could not write the {args.split} split to {split_dir}: {first_line(error)}; "
+                "check that --output_dir is writable and has room."
+            ) from None
         raise
     print(
         f"Wrote {manifest['records']} sequences of {args.max_length} tokens ({manifest['tokens']} tokens, "

@@ -57,6 +57,7 @@ def test_shard_names_and_counts(shards_dir, read_manifest, read_records, split):
         assert match["split"] == split and int(match["index"]) == index
         records = read_records([path])
         assert int(match["count"]) == len(records) == manifest["shards"][index]["records"]
+        assert manifest["shards"][index]["bytes"] == path.stat().st_size  # what training checks for truncation
         assert all(len(record) == MAX_LENGTH for record in records)
 
 
@@ -104,7 +105,10 @@ def test_shard_size_dividing_the_records_exactly_leaves_no_empty_shard(
 ):
     records = read_manifest(shards_dir / "train")["records"]
     manifest = run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--shard_size", records)
-    assert manifest["shards"] == [{"file": f"train-00000-{records}.tfrecord", "records": records}]
+    only = shard_files(tmp_path / "train")[0]
+    assert manifest["shards"] == [
+        {"file": f"train-00000-{records}.tfrecord", "records": records, "bytes": only.stat().st_size}
+    ]
     assert [path.name for path in shard_files(tmp_path / "train")] == [f"train-00000-{records}.tfrecord"]
     expected = all_records(shards_dir / "train", read_manifest(shards_dir / "train"), read_records)
     assert read_records(shard_files(tmp_path / "train")) == expected
@@ -363,10 +367,12 @@ def test_undecodable_line_midway_is_a_usage_error_and_leaves_nothing(corpus, tok
     path = tmp_path / "train.txt"
     good = corpus["train"].read_bytes()
     path.write_bytes(good + b"caf\xe9 in Latin-1\n" + good)  # far past the first shards
-    output_dir = tmp_path / "out"
-    with pytest.raises(prepare.UsageError, match=r"could not read .*UnicodeDecodeError"):
+    output_dir = tmp_path / "out" / "new"
+    bad_line = len(read_lines(corpus["train"])) + 1
+    with pytest.raises(prepare.UsageError, match=rf"could not read .*: .*UnicodeDecodeError: line {bad_line}\b"):
         run_prepare(path, tokenizer_dir, output_dir, "--batch_size", 5, "--shard_size", 5)
-    assert output_files(output_dir) == []
+    # Not even the folders it created for the shards remain.
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("problem", ["wrong text column", "blank lines", "too little text"])

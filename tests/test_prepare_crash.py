@@ -1,0 +1,220 @@
+"""prepare_tfrecord_shards.py killed (SIGKILL) at any moment, then run again with the same command, leaves exactly
+the files an uninterrupted run writes.
+
+The kills come from inside the real script: a small launcher wraps TensorFlow's record writer and file renames
+and removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit exactly, every
+time, which polling the folder from outside cannot promise when a shard takes a millisecond to write. One test
+also kills from outside, as a user would, when the first shard appears.
+
+The reruns call main() in this process with the same arguments: the code a rerun runs, without paying for
+another TensorFlow start-up.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import prepare_tfrecord_shards as prepare
+from conftest import MAX_LENGTH, REPO, make_corpus_lines, subprocess_env, write_lines
+
+SHARD_SIZE = 50  # the fixture corpus gives 7 shards of this size or less
+SHARD_NAME = re.compile(r"^train-\d{5}-\d+\.tfrecord$")
+
+# Runs a script like `python script args...`, after arranging for SIGKILL at the `count`-th `event`.
+KILLING_LAUNCHER = r"""
+import os, runpy, signal, sys
+
+import tensorflow as tf
+
+event, count, script, *args = sys.argv[1:]
+seen = 0
+
+
+def reached(name):
+    global seen
+    if name == event:
+        seen += 1
+        if seen == int(count):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordWriter(tf.io.TFRecordWriter):
+    def write(self, record):
+        super().write(record)
+        reached("record written")
+
+
+def kind(path):
+    return "manifest" if path.endswith("manifest.json") else "shard"
+
+
+rename, remove = tf.io.gfile.rename, tf.io.gfile.remove
+
+
+def renaming(source, target, overwrite=False):
+    reached(f"before {kind(target)} rename")
+    rename(source, target, overwrite=overwrite)
+    reached(f"after {kind(target)} rename")
+
+
+def removing(path):
+    remove(path)
+    reached("file removed")
+
+
+tf.io.TFRecordWriter = RecordWriter
+tf.io.gfile.rename, tf.io.gfile.remove = renaming, removing
+sys.argv = [script, *args]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def prepare_argv(train_file, tokenizer_dir, output_dir, shard_size=SHARD_SIZE):
+    return [
+        "--train_file", train_file,
+        "--tokenizer_name_or_path", tokenizer_dir,
+        "--max_length", MAX_LENGTH,
+        "--shard_size", shard_size,
+        "--output_dir", output_dir,
+    ]  # fmt: skip
+
+
+def run_in_process(argv):
+    return prepare.main(prepare.parse_args([str(arg) for arg in argv]))
+
+
+def run_killed(event, count, argv):
+    """Run the script with `argv` in a subprocess that SIGKILLs itself at the `count`-th `event`."""
+    command = [sys.executable, "-c", KILLING_LAUNCHER, event, str(count), "prepare_tfrecord_shards.py"]
+    return subprocess.run(
+        command + [str(arg) for arg in argv], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+        timeout=300,
+    )
+
+
+def files_in(folder):
+    """Every file under `folder`, hidden ones included, as {relative path: bytes}."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
+    }
+
+
+def assert_same_files(actual, expected):
+    assert sorted(actual) == sorted(expected)
+    different = [name for name in expected if actual[name] != expected[name]]
+    assert different == [], f"these files differ from an uninterrupted run's: {different}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tokenizer_dir, tmp_path_factory):
+    """The files of an uninterrupted run of the command the tests kill (the output folder is not recorded in
+    them, so any folder will do)."""
+    output_dir = tmp_path_factory.mktemp("uninterrupted")
+    run_in_process(prepare_argv(corpus["train"], tokenizer_dir, output_dir))
+    files = files_in(output_dir)
+    assert sum(1 for name in files if name.endswith(".tfrecord")) > 3, "the corpus should fill several shards"
+    return files
+
+
+def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterrupted, tmp_path):
+    run_in_process(prepare_argv(corpus["train"], tokenizer_dir, tmp_path))
+    assert_same_files(files_in(tmp_path), uninterrupted)
+
+
+# (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted run's names)
+KILL_POINTS = [
+    ("in the first shard", "record written", 3, lambda done: {".train-00000.tfrecord.tmp"}),
+    (
+        "second shard written, not yet renamed",
+        "before shard rename",
+        2,
+        lambda done: {f"train-00000-{SHARD_SIZE}.tfrecord", ".train-00001.tfrecord.tmp"},
+    ),
+    (
+        "manifest written, not yet renamed",
+        "before manifest rename",
+        1,
+        lambda done: {name for name in done if SHARD_NAME.match(name)} | {".manifest.json.tmp"},
+    ),
+    ("manifest in place", "after manifest rename", 1, lambda done: set(done)),
+]
+
+
+@pytest.mark.parametrize("moment, event, count, leftovers", KILL_POINTS, ids=[point[0] for point in KILL_POINTS])
+def test_killed_then_rerun_writes_what_an_uninterrupted_run_writes(
+    corpus, tokenizer_dir, uninterrupted, tmp_path, moment, event, count, leftovers
+):
+    output_dir = tmp_path / "shards"
+    argv = prepare_argv(corpus["train"], tokenizer_dir, output_dir)
+    killed = run_killed(event, count, argv)
+    assert killed.returncode == -signal.SIGKILL, f"not killed {moment}: {killed.stderr[-3000:]}"
+    done = [name.removeprefix("train/") for name in uninterrupted]
+    assert set(os.listdir(output_dir / "train")) == leftovers(done)
+
+    finished = (output_dir / "train" / "manifest.json").exists()
+    if finished:  # the run had completed: a finished split is replaced only on request
+        with pytest.raises(prepare.UsageError, match="--overwrite_output_dir"):
+            run_in_process(argv)
+    else:  # an unfinished split is no finished one: the same command, without --overwrite_output_dir, completes it
+        run_in_process(argv)
+    assert_same_files(files_in(output_dir), uninterrupted)
+
+
+def test_killed_while_clearing_an_older_split_leaves_no_manifest(corpus, tokenizer_dir, uninterrupted, tmp_path):
+    """--overwrite_output_dir removes the older split's files one by one; killed halfway, the folder must not
+    still look finished, with a manifest that lists shards no longer there."""
+    output_dir = tmp_path / "shards"
+    run_in_process(prepare_argv(corpus["train"], tokenizer_dir, output_dir, shard_size=40))
+    older = set(os.listdir(output_dir / "train"))
+    argv = prepare_argv(corpus["train"], tokenizer_dir, output_dir) + ["--overwrite_output_dir"]
+    killed = run_killed("file removed", 2, argv)  # the older manifest, then one of its shards
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    left = set(os.listdir(output_dir / "train"))
+    assert "manifest.json" not in left
+    assert left < older and len(left) == len(older) - 2
+
+    run_in_process(argv[:-1])  # an unfinished split needs no --overwrite_output_dir
+    assert_same_files(files_in(output_dir), uninterrupted)
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory):
+    """Enough text for hundreds of tiny shards: writing them takes long enough to kill the script midway."""
+    return write_lines(tmp_path_factory.mktemp("long_corpus") / "train.txt", make_corpus_lines(6000, seed=3))
+
+
+def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(long_corpus, tokenizer_dir, tmp_path):
+    argv = [str(arg) for arg in prepare_argv(long_corpus, tokenizer_dir, tmp_path / "shards", shard_size=10)]
+    run_in_process(prepare_argv(long_corpus, tokenizer_dir, tmp_path / "uninterrupted", shard_size=10))
+    uninterrupted = files_in(tmp_path / "uninterrupted")
+    shards = sum(1 for name in uninterrupted if name.endswith(".tfrecord"))
+    assert shards > 300, "writing should take long enough to kill the script midway"
+
+    split_dir = tmp_path / "shards" / "train"
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as stderr_file:
+        script = subprocess.Popen(
+            [sys.executable, "prepare_tfrecord_shards.py", *argv],
+            cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr_file,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (split_dir.exists() and any(SHARD_NAME.match(name) for name in os.listdir(split_dir))):
+            assert script.poll() is None, f"the script ended before writing a shard: {stderr.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no shard appeared"
+            time.sleep(0.001)
+        script.send_signal(signal.SIGKILL)
+    finally:
+        script.kill()
+        script.wait()
+    assert script.returncode == -signal.SIGKILL
+    written = [name for name in os.listdir(split_dir) if SHARD_NAME.match(name)]
+    assert 1 <= len(written) < shards and "manifest.json" not in os.listdir(split_dir)
+
+    run_in_process(argv)  # no --overwrite_output_dir
+    assert_same_files(files_in(tmp_path / "shards"), uninterrupted)
