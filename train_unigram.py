@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1 (PyTorch
 # takes it from pad_token_id), so any other id would shift positions between the two frameworks.
@@ -95,6 +96,8 @@ def check_args(args):
     if args.push_to_hub and not args.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id (e.g. my-user/my-tokenizer).")
     if args.train_file is not None:
+        if os.path.isdir(args.train_file):
+            raise UsageError(f"--train_file {args.train_file} is a folder; pass a path to a text corpus file.")
         if not os.path.isfile(args.train_file):
             raise UsageError(f"--train_file {args.train_file} does not exist; pass a path to a text corpus file.")
         if os.path.getsize(args.train_file) == 0:
@@ -105,10 +108,25 @@ def check_args(args):
                 f"--train_file {args.train_file} has extension {extension!r}; "
                 f"use one of {sorted(LOCAL_FILE_BUILDERS)}."
             )
+    check_output_location(args.output_dir)
     if os.path.exists(os.path.join(args.output_dir, "tokenizer.json")) and not args.overwrite_output_dir:
         raise UsageError(
             f"--output_dir {args.output_dir} already holds a tokenizer; "
             "pass --overwrite_output_dir to replace it, or choose another folder."
+        )
+
+
+def check_output_location(output_dir):
+    """An --output_dir that cannot be created or written is refused now, not after training."""
+    existing = os.path.abspath(output_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == os.path.abspath(output_dir) else f"lies under the file {existing}"
+        raise UsageError(f"--output_dir {output_dir} {where}, not a folder; choose a folder path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"--output_dir {output_dir} cannot be written: {existing} is read-only; choose another folder."
         )
 
 
@@ -146,10 +164,28 @@ def text_file_lines(args):
             with open(args.train_file, encoding="utf-8") as file:
                 for line in file:
                     yield line.rstrip("\n")
-        except (OSError, UnicodeDecodeError) as error:  # raised mid-training, so say which file
+        except UnicodeDecodeError as error:  # raised mid-training, so say which file and where
+            where = where_not_utf8(args.train_file, error)
+            raise UsageError(
+                f"could not read {args.train_file}: it is not UTF-8 text (UnicodeDecodeError: {where}); "
+                "convert it to UTF-8 (e.g. iconv -f <its encoding> -t utf-8)."
+            ) from None
+        except OSError as error:
             raise UsageError(f"could not read {describe_source(args)}: {first_line(error)}; check the file.") from None
 
     return lines()
+
+
+def where_not_utf8(path, error):
+    """Where `path` stops being UTF-8, as the user can find it: the line and its first bad byte. Text mode
+    decodes ahead of the line it hands out, so the decoder's own position says little."""
+    with open(path, "rb") as file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as line_error:
+                return f"line {number} holds the byte {raw[line_error.start]:#04x}"
+    return str(error)
 
 
 def load_dataset(args):
@@ -353,13 +389,26 @@ def wrap_for_transformers(tokenizer):
     )
 
 
+def save(tokenizer, output_dir):
+    """Write the tokenizer folder so that an interruption never leaves one that looks finished.
+
+    Everything is written to a temporary folder beside the output, then moved in, tokenizer.json last: the
+    folder counts as holding a tokenizer once it has tokenizer.json, and by then every other file is there.
+    """
+    os.makedirs(output_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
+        tokenizer.save_pretrained(staging)
+        for name in sorted(os.listdir(staging), key=lambda name: (name == "tokenizer.json", name)):
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))  # atomic on one filesystem
+
+
 def main(args):
     check_args(args)
     rows = corpus_rows(args)
     print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {describe_source(args)}.")
     counts = collections.Counter()
     tokenizer = wrap_for_transformers(train_tokenizer(args, rows, counts))
-    tokenizer.save_pretrained(args.output_dir)
+    save(tokenizer, args.output_dir)
     print(
         f"Saved the tokenizer ({len(tokenizer)} tokens), learned from {counts['texts']} non-blank of "
         f"{counts['rows']} rows, to {args.output_dir}"

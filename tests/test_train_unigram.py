@@ -214,3 +214,24 @@ def test_dataset_name_path_reads_the_train_split(corpus, tmp_path):
     ).read_bytes()
     assert "▁zebra" not in from_folder.get_vocab()  # the validation split was not read
     assert from_file.get_vocab() == from_folder.get_vocab()
+
+
+def test_an_interrupted_save_leaves_no_finished_looking_folder(corpus, tmp_path, monkeypatch):
+    output_dir = tmp_path / "tokenizer"
+    real_replace, moved = train_unigram.os.replace, []
+
+    def replace_then_die(source, target):
+        if moved:  # the second file: as if the process were killed here
+            raise KeyboardInterrupt
+        moved.append(target)
+        real_replace(source, target)
+
+    monkeypatch.setattr(train_unigram.os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(corpus["train"], output_dir)
+    assert not (output_dir / "tokenizer.json").exists()  # published last
+    monkeypatch.undo()
+
+    train(corpus["train"], output_dir)  # the same command again: no --overwrite_output_dir needed
+    assert (output_dir / "tokenizer.json").is_file()
+    assert sorted(path.name for path in output_dir.iterdir() if path.name.startswith(".")) == []
