@@ -16,6 +16,10 @@ its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the f
         --tokenizer tokenizer --output_dir model \
         --config_overrides hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024
 
+Preemption: a checkpoint goes to <output_dir>/checkpoints every --save_steps optimizer steps and at every
+epoch end. After an interruption, run the same command again: it resumes from the newest checkpoint with
+the same optimizer state, schedule position and data stream, and still stops at the requested step.
+
 The LM head runs at the masked positions only (`--mlm_head sparse`, the default): with a small model and an
 8k-32k vocabulary the vocabulary projection is most of the arithmetic, and only ~15% of positions carry a
 label. The loss is the same as with full logits, and the saved model is a standard transformers masked LM.
@@ -31,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -39,7 +44,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter
 
 MANIFEST_NAME = "manifest.json"
 FEATURE_NAME = "input_ids"
-FINISHED_RUN_FILES = ("config.json", "tf_model.h5")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# TF models whose embeddings assume the pad token is id 1 (their padding_idx is hard-coded).
+FIXED_PADDING_INDEX_MODELS = ("roberta", "roberta-prelayernorm", "xlm-roberta", "camembert", "longformer", "mpnet")
+FINISHED_RUN_MARKER = "config.json"  # save() writes it last: a folder holding it holds a finished model
+CHECKPOINT_DIR = "checkpoints"
+RUN_SETTINGS_NAME = "run_settings.json"
+TRAINING_LOG_NAME = "training_log.csv"
 MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 
 
@@ -50,6 +61,12 @@ class UsageError(Exception):
 def first_line(error):
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def tf_error_text(error):
+    """TF's own words from an op error, without the function and op names it wraps them in."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:[^\]]*\].*$", "", first_line(error)).strip()
+    return text or type(error).__name__
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -65,7 +82,9 @@ def parse_args(argv=None):
     data.add_argument("--tokenizer", required=True, help="Tokenizer folder or Hub id (from train_unigram.py).")
     data.add_argument("--max_length", type=int, help="Sequence length; must equal the shards' (default: theirs).")
     data.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens masked (default: 0.15).")
-    data.add_argument("--shuffle_buffer_size", type=int, default=2**16, help="Sequences in the shuffle buffer.")
+    data.add_argument(
+        "--shuffle_buffer_size", type=int, default=2**16, help="Sequences shuffled together, a block at a time."
+    )
     model = parser.add_argument_group("model")
     model.add_argument(
         "--pretrained_model_config",
@@ -97,6 +116,14 @@ def parse_args(argv=None):
     training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
     training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
     training.add_argument("--steps_per_execution", type=int, default=1, help="Steps per tf.function call.")
+    training.add_argument(
+        "--save_steps",
+        type=int,
+        default=1000,
+        help="Checkpoint every this many optimizer steps, and at every epoch end (0: epoch ends only). Rerunning "
+        "the same command after an interruption resumes from the newest checkpoint (default: 1000).",
+    )
+    training.add_argument("--save_total_limit", type=int, default=3, help="Checkpoints kept (default: 3).")
     training.add_argument("--hub_model_id", help="Push the model and tokenizer to this Hub repository.")
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
@@ -114,12 +141,17 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    positive = ("per_replica_batch_size", "num_epochs", "shuffle_buffer_size", "steps_per_execution", "cpu_replicas")
+    positive = (
+        "per_replica_batch_size", "num_epochs", "shuffle_buffer_size", "steps_per_execution", "cpu_replicas",
+        "save_total_limit",
+    )  # fmt: skip
     for flag in positive:
         if getattr(args, flag) <= 0:
             raise UsageError(f"--{flag} {getattr(args, flag)} must be a positive number.")
     if args.max_steps is not None and args.max_steps <= 0:
         raise UsageError(f"--max_steps {args.max_steps} must be positive; leave it out to train --num_epochs.")
+    if args.save_steps < 0:
+        raise UsageError(f"--save_steps {args.save_steps} must be 0 (epoch ends only) or positive.")
     if args.max_length is not None and args.max_length <= 1:
         raise UsageError(f"--max_length {args.max_length} must be more than 1.")
     if not 0.0 < args.mlm_probability < 1.0:
@@ -238,17 +270,75 @@ def check_data(args, tokenizer, train_manifest, eval_manifest):
             f"train shards have max_length {train_manifest['max_length']} but eval shards have "
             f"{eval_manifest['max_length']}; write both with the same --max_length."
         )
+    for flag, manifest in manifests.items():
+        if manifest is not None:
+            check_shards(manifest, flag, len(tokenizer))
+
+
+def check_shards(manifest, flag, vocab_size):
+    """Every shard is whole and holds this tokenizer's ids: checked cheaply, before anything is built.
+
+    A shard's size must be the one its manifest records (a truncated TFRecord file reads as a shorter
+    one without any error, so nothing later would notice); manifests without sizes get their records
+    counted instead. The first record of every shard must parse as max_length ids within the vocabulary.
+    """
+    import tensorflow as tf
+
+    features = {FEATURE_NAME: tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
+    for shard, path in zip(manifest["shards"], manifest["files"]):
+        try:
+            if "bytes" in shard:
+                found, expected, unit = tf.io.gfile.stat(path).length, shard["bytes"], "bytes"
+            else:
+                found = sum(1 for _ in tf.data.TFRecordDataset(path))  # manifests before sizes were recorded
+                expected, unit = shard["records"], "records"
+            if found != expected:
+                raise UsageError(
+                    f"{flag}: shard {path} has {found} {unit} but {MANIFEST_NAME} lists {expected}, so it is truncated "
+                    "or was changed; rerun prepare_tfrecord_shards.py."
+                )
+            first = next(iter(tf.data.TFRecordDataset(path).take(1)))
+            ids = tf.io.parse_single_example(first, features)[FEATURE_NAME].numpy()
+        except (tf.errors.OpError, StopIteration) as error:
+            raise UsageError(
+                f"{flag}: shard {path} is unreadable ({tf_error_text(error) if str(error) else 'no records'}); "
+                "rerun prepare_tfrecord_shards.py."
+            ) from None
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise UsageError(
+                f"{flag}: shard {path} holds token id {ids.max() if ids.max() >= vocab_size else ids.min()}, outside "
+                f"the tokenizer's {vocab_size} ids; pass the tokenizer the shards were made with."
+            )
+
+
+def find_corrupt_shard(files):
+    """The first shard that cannot be read to its end: TF's corruption error does not name the file."""
+    import tensorflow as tf
+
+    for path in files:
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                pass
+        except tf.errors.DataLossError:
+            return path
+    return None
 
 
 def load_tokenizer(name_or_path, trust_remote_code):
+    if os.path.isdir(name_or_path):
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
+            raise UsageError(
+                f"--tokenizer {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a tokenizer "
+                "folder; pass the --output_dir of train_unigram.py or a Hub id."
+            )
+    elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
+        raise UsageError(f"--tokenizer {name_or_path} is not a tokenizer folder; pass the output of train_unigram.py.")
     from transformers import AutoTokenizer
 
-    if not os.path.isdir(name_or_path) and (os.path.exists(name_or_path) or name_or_path.startswith((".", "/"))):
-        raise UsageError(f"--tokenizer {name_or_path} is not a tokenizer folder; pass the output of train_unigram.py.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)}") from None
+    except Exception as error:  # transformers raises many kinds for files it cannot make sense of
+        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)[:300]}") from None
     for name in ("mask", "pad"):
         if getattr(tokenizer, f"{name}_token_id") is None:
             raise UsageError(
@@ -304,10 +394,18 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     return masked_ids, positions, labels
 
 
-def build_dataset(files, tokenizer, args, max_length, global_batch_size, training):
+def build_dataset(files, tokenizer, args, max_length, global_batch_size, training, start_epoch=0, start_batch=0):
     """Shards -> shuffled, batched, parsed, masked batches of ({"input_ids", "masked_positions"}, labels).
 
     Every shape is static: [batch, max_length] ids, [batch, max_predictions] positions and labels.
+
+    Training data is an endless stream of epochs, and everything random in it is stateless: epoch e reads
+    the shards in an order drawn from (seed, e), shuffles them in blocks of --shuffle_buffer_size records,
+    each permuted with a seed drawn from (seed, e, block), and masks its batch i with a seed drawn from
+    (seed, e, i). So the masks change every epoch, as in RoBERTa, yet any point of the stream can be rebuilt
+    from (`start_epoch`, `start_batch`) alone: that is how a resumed run continues where it stopped, and the
+    batches it skips are read but neither parsed nor masked. Evaluation data is one pass in file order with
+    the same masks every time, so every epoch is scored on identical inputs and the figures compare.
     """
     import tensorflow as tf
 
@@ -315,40 +413,51 @@ def build_dataset(files, tokenizer, args, max_length, global_batch_size, trainin
     special_ids = tf.constant(sorted(special), dtype=tf.int32)
     replacement_ids = tf.constant([i for i in range(len(tokenizer)) if i not in special], dtype=tf.int32)
     mask_token_id = tf.constant(tokenizer.mask_token_id, dtype=tf.int32)
+    files = tf.constant(files)
+    base_seed = tf.constant([args.seed, 1 if training else 2], dtype=tf.int64)  # train and eval draws differ
 
-    dataset = tf.data.Dataset.from_tensor_slices(files)
+    def seed_for(*numbers):
+        seed = base_seed
+        for number in numbers:
+            seed = tf.random.experimental.stateless_fold_in(seed, number)
+        return seed
+
+    def epoch_batches(epoch):
+        order = tf.random.experimental.stateless_shuffle(files, seed_for(epoch, -1)) if training else files
+        records = tf.data.Dataset.from_tensor_slices(order).interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(files), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        if training:
+            blocks = records.batch(args.shuffle_buffer_size).enumerate()
+            records = blocks.flat_map(
+                lambda block, serialized: tf.data.Dataset.from_tensor_slices(
+                    tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
+                )
+            )
+        batches = records.batch(global_batch_size, drop_remainder=True).enumerate()
+        return batches.map(lambda index, batch: (epoch, index, batch))
+
     if training:
-        dataset = dataset.shuffle(len(files), seed=args.seed)  # a new file order every epoch
-    dataset = dataset.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=min(len(files), 8),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    if training:
-        dataset = dataset.shuffle(args.shuffle_buffer_size, seed=args.seed)
-    # Batch first, then parse the whole batch in one op: far cheaper than parsing records one by one.
-    dataset = dataset.batch(global_batch_size, drop_remainder=True)
+        epochs = tf.data.Dataset.counter(start_epoch)
+    else:
+        epochs = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
+    dataset = epochs.flat_map(epoch_batches)  # fit() counts the steps, so the training stream may be endless
+    if start_batch:
+        dataset = dataset.skip(start_batch)
     features = {FEATURE_NAME: tf.io.FixedLenFeature([max_length], tf.int64)}
 
-    def parse(serialized):
-        return tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
-
-    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    # One stateless seed per batch. Training seeds change every epoch (fresh masks, as in RoBERTa);
-    # evaluation seeds repeat, so every epoch is scored on identical masks and the figures compare.
-    seeds = tf.data.Dataset.random(seed=args.seed, rerandomize_each_iteration=training).batch(2)
-    dataset = tf.data.Dataset.zip((dataset, seeds))
-
-    def mask(input_ids, seed):
+    def parse_and_mask(epoch, index, serialized):
+        # Parsing a whole batch in one op is far cheaper than parsing records one by one.
+        input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
         masked_ids, positions, labels = mask_tokens(
-            input_ids, seed, args.mlm_probability, mask_token_id, special_ids, replacement_ids
+            input_ids, seed_for(epoch, index), args.mlm_probability, mask_token_id, special_ids, replacement_ids
         )
         return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
 
-    dataset = dataset.map(mask, num_parallel_calls=tf.data.AUTOTUNE)
-    if training:
-        dataset = dataset.repeat()  # fit() counts steps; the stream continues across epochs
+    dataset = dataset.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -397,6 +506,13 @@ def build_config(args, tokenizer, max_length):
     config.cls_token_id = tokenizer.cls_token_id
     config.sep_token_id = tokenizer.sep_token_id
     config.mask_token_id = tokenizer.mask_token_id
+    if config.model_type in FIXED_PADDING_INDEX_MODELS and tokenizer.pad_token_id != 1:
+        raise UsageError(
+            f"the tokenizer's pad token {tokenizer.pad_token!r} has id {tokenizer.pad_token_id}, but transformers' "
+            f"TF {config.model_type} numbers positions from a padding index fixed at 1 (its PyTorch twin uses "
+            "pad_token_id), so the model would differ between frameworks; retrain the tokenizer with "
+            "train_unigram.py, which puts <pad> at id 1."
+        )
     # RoBERTa numbers positions from pad_token_id + 1, so the table needs max_length + pad + 1 rows;
     # other models need max_length. The larger bound serves both.
     needed_positions = max_length + tokenizer.pad_token_id + 1
@@ -551,7 +667,7 @@ def training_callbacks(args, tokenizer):
     import tf_keras
 
     class EpochSummary(tf_keras.callbacks.Callback):
-        """Adds val_perplexity and the wall time since training began to each epoch's logs."""
+        """Adds val_perplexity, the wall time since training began and the optimizer step to each epoch's logs."""
 
         start = None  # set once: fit_exact_steps may call fit() twice with the same callbacks
 
@@ -565,8 +681,13 @@ def training_callbacks(args, tokenizer):
             if "val_loss" in logs:
                 logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
             logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
+            logs["step"] = int(self.model.optimizer.iterations.numpy())
 
-    callbacks = [EpochSummary()]
+    callbacks = [
+        EpochSummary(),
+        # One row per epoch, appended across resumed runs: the whole run's curve in one file.
+        tf_keras.callbacks.CSVLogger(f"{args.output_dir.rstrip('/')}/{TRAINING_LOG_NAME}", append=True),
+    ]
     if args.hub_model_id:
         from transformers import PushToHubCallback
 
@@ -583,62 +704,214 @@ def training_callbacks(args, tokenizer):
     return callbacks
 
 
-def fit_exact_steps(model, train_dataset, steps_per_epoch, total_steps, **fit_kwargs):
-    """Run exactly `total_steps` optimizer steps, evaluating after each pass over the train shards.
+def checkpoint_callback(args, manager):
+    import tf_keras
+
+    class SaveCheckpoints(tf_keras.callbacks.Callback):
+        """A checkpoint every --save_steps optimizer steps and at the end of every epoch."""
+
+        def __init__(self, manager):
+            super().__init__()
+            self.manager = manager
+            self.saved_step = None
+
+        def step(self):
+            return int(self.model.optimizer.iterations.numpy())
+
+        def save(self):
+            self.saved_step = self.step()
+            self.manager.save(checkpoint_number=self.saved_step)
+
+        def on_train_begin(self, logs=None):
+            if self.saved_step is None:
+                self.saved_step = self.step()  # a resumed run starts from a saved step
+
+        def on_train_batch_end(self, batch, logs=None):
+            # With --steps_per_execution > 1 this runs once per execution: save on crossing a multiple.
+            if args.save_steps and self.step() // args.save_steps > self.saved_step // args.save_steps:
+                self.save()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.step() != self.saved_step:
+                self.save()
+
+    return SaveCheckpoints(manager)
+
+
+def fit_segments(start_step, total_steps, steps_per_epoch):
+    """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch, epochs, steps).
 
     fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only stop it
-    between executions, so a --max_steps that ends mid-epoch would overshoot. Instead the whole passes run in
-    one fit() call and the shorter last pass in a second one, which skips the batches already consumed so
-    the data stream (order and masks) continues exactly where the first call stopped.
+    between executions, so a run that starts or ends mid-epoch (a resumed run, a --max_steps) would
+    overshoot. Instead a partial epoch gets a fit() call of its own and whole epochs share one.
     """
-    full_epochs, remainder = divmod(total_steps, steps_per_epoch)
-    history = None
-    if full_epochs:
-        history = model.fit(train_dataset, epochs=full_epochs, steps_per_epoch=steps_per_epoch, **fit_kwargs)
-    if remainder:
-        earlier = history.history if history else {}
+    segments, step = [], start_step
+    while step < total_steps:
+        epoch, offset = divmod(step, steps_per_epoch)
+        if offset == 0 and total_steps - step >= steps_per_epoch:
+            epochs = (total_steps - step) // steps_per_epoch
+            segments.append((step, epoch, epochs, steps_per_epoch))
+        else:
+            segments.append((step, epoch, 1, min(steps_per_epoch - offset, total_steps - step)))
+        step += segments[-1][2] * segments[-1][3]
+    return segments
+
+
+def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, **fit_kwargs):
+    """Run the optimizer steps start_step .. total_steps, evaluating at the end of every epoch.
+
+    `train_dataset_from(step)` gives the training stream from that step on, so every fit() call continues
+    the data (order and masks) exactly where the previous call, or the interrupted run, stopped.
+    """
+    logs = {}
+    for first_step, epoch, epochs, steps in fit_segments(start_step, total_steps, steps_per_epoch):
         history = model.fit(
-            train_dataset.skip(full_epochs * steps_per_epoch),
-            initial_epoch=full_epochs,
-            epochs=full_epochs + 1,
-            steps_per_epoch=remainder,
-            **fit_kwargs,
+            train_dataset_from(first_step), initial_epoch=epoch, epochs=epoch + epochs, steps_per_epoch=steps, **fit_kwargs
         )
-        for key, values in earlier.items():
-            history.history[key] = values + history.history.get(key, [])
-    return history
+        for key, values in history.history.items():
+            logs[key] = logs.get(key, []) + values
+    return logs
 
 
 def check_output_dir(args):
+    """A finished model is only replaced on request (prepare_output_dir() does it, once all input checks pass).
+
+    A local --output_dir that cannot be created or written is refused here, before any work; a gs:// one
+    shows its permissions only when written to.
+    """
     import tensorflow as tf
 
-    finished = [name for name in FINISHED_RUN_FILES if tf.io.gfile.exists(f"{args.output_dir.rstrip('/')}/{name}")]
-    if finished and not args.overwrite_output_dir:
+    output_dir = args.output_dir.rstrip("/")
+    if "://" not in output_dir:
+        existing = os.path.abspath(output_dir)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            where = "is a file" if existing == os.path.abspath(output_dir) else f"lies under the file {existing}"
+            raise UsageError(f"--output_dir {args.output_dir} {where}, not a folder; choose a folder path.")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--output_dir {args.output_dir} cannot be written: {existing} is read-only.")
+    if not tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):
+        return
+    if not args.overwrite_output_dir:
         raise UsageError(
-            f"--output_dir {args.output_dir} already holds a trained model ({', '.join(finished)}); "
+            f"--output_dir {args.output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
             "pass --overwrite_output_dir to replace it, or choose another folder."
         )
 
 
-def save(model, tokenizer, output_dir):
-    """save_pretrained() writes through the local filesystem; for gs:// write locally, then copy up."""
+def run_settings(args, config, train_manifest, global_batch_size, total_steps):
+    """What a checkpoint's step number means: resuming under other settings would continue another run."""
+    architecture = {key: value for key, value in config.to_dict().items() if key != "transformers_version"}
+    settings = {
+        "train_records": train_manifest["records"],
+        "max_length": train_manifest["max_length"],
+        "global_batch_size": global_batch_size,
+        "total_steps": total_steps,
+        "seed": args.seed,
+        "mlm_probability": args.mlm_probability,
+        "shuffle_buffer_size": args.shuffle_buffer_size,
+        "learning_rate": args.learning_rate,
+        "warmup_ratio": args.warmup_ratio,
+        "weight_decay_rate": args.weight_decay_rate,
+        "config": architecture,
+    }
+    return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)
+
+
+def prepare_output_dir(args, settings):
+    """Start afresh, or check that the checkpoints there belong to this very run so they can be resumed.
+
+    Replacing a finished run (--overwrite_output_dir) starts afresh: its checkpoints must not be resumed, and
+    the folder must stop looking finished at once, so that an interruption of the new run is resumed when
+    the same command runs again rather than refused. The settings of a new run are recorded next to its
+    checkpoints; resuming under other settings would continue a different run, so it is refused.
+    """
     import tensorflow as tf
 
-    if not output_dir.startswith("gs://"):
-        model.save_pretrained(output_dir)
-        tokenizer.save_pretrained(output_dir)
-        return
+    output_dir = args.output_dir.rstrip("/")
+    folder = f"{output_dir}/{CHECKPOINT_DIR}"
+    path = f"{folder}/{RUN_SETTINGS_NAME}"
+
+    def start_afresh():
+        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME):
+            if tf.io.gfile.exists(f"{output_dir}/{name}"):
+                tf.io.gfile.remove(f"{output_dir}/{name}")
+        if tf.io.gfile.exists(folder):
+            tf.io.gfile.rmtree(folder)
+
+    if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):  # check_output_dir() allowed replacing it
+        start_afresh()
+    if tf.train.latest_checkpoint(folder) and tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as file:
+            saved = json.load(file)
+        changed = sorted(key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key))
+        if not changed:
+            return
+        if not args.overwrite_output_dir:
+            raise UsageError(
+                f"--output_dir {args.output_dir} holds checkpoints of a run with other settings ({', '.join(changed)} "
+                "differ), so resuming them would not continue that run; rerun its exact command, choose another "
+                "folder, or pass --overwrite_output_dir to start afresh."
+            )
+        start_afresh()
+    tf.io.gfile.makedirs(folder)
+    temporary = f"{path}.tmp"
+    with tf.io.gfile.GFile(temporary, "w") as file:
+        file.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def restore_checkpoint(args, masked_lm, optimizer):
+    """Resume from the newest checkpoint in --output_dir, if any; returns its manager and the step to start at.
+
+    A checkpoint holds the weights and the optimizer: its moments and its step count, which is also the
+    learning-rate schedule's position and, through build_dataset(), the position in the data stream.
+    """
+    import tensorflow as tf
+
+    checkpoint = tf.train.Checkpoint(model=masked_lm, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(
+        checkpoint, f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR}", max_to_keep=args.save_total_limit
+    )
+    if manager.latest_checkpoint is None:
+        return manager, 0
+    try:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as error:
+        raise UsageError(
+            f"could not resume from {manager.latest_checkpoint}: {first_line(error)}; delete "
+            f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR} to start afresh."
+        ) from None
+    return manager, int(optimizer.iterations.numpy())
+
+
+def save(model, tokenizer, output_dir):
+    """Write the model and tokenizer so that an interruption can never leave a folder that looks finished.
+
+    save_pretrained() writes through the local filesystem, so everything is written to a local temporary
+    folder first and then published file by file (local or gs://), config.json last: the folder counts as
+    finished once it holds config.json, and by then every other file is complete.
+    """
+    import tensorflow as tf
+
+    output_dir = output_dir.rstrip("/")
     with tempfile.TemporaryDirectory() as local:
         model.save_pretrained(local)
         tokenizer.save_pretrained(local)
         tf.io.gfile.makedirs(output_dir)
-        for name in sorted(os.listdir(local)):
-            tf.io.gfile.copy(os.path.join(local, name), f"{output_dir.rstrip('/')}/{name}", overwrite=True)
+        names = sorted(os.listdir(local), key=lambda name: (name == FINISHED_RUN_MARKER, name))
+        for name in names:
+            # Copy under a temporary name, then rename: a reader never sees a half-copied file.
+            temporary = f"{output_dir}/.{name}.tmp"
+            tf.io.gfile.copy(os.path.join(local, name), temporary, overwrite=True)
+            tf.io.gfile.rename(temporary, f"{output_dir}/{name}", overwrite=True)
 
 
 def main(args):
     check_args(args)
     strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
+    import tensorflow as tf
     import tf_keras
 
     check_output_dir(args)
@@ -670,9 +943,15 @@ def main(args):
     if args.bfloat16:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = build_config(args, tokenizer, max_length)
-    train_dataset = build_dataset(
-        train_manifest["files"], tokenizer, args, max_length, global_batch_size, training=True
-    )
+    prepare_output_dir(args, run_settings(args, config, train_manifest, global_batch_size, total_steps))
+
+    def train_dataset_from(step):
+        epoch, batch = divmod(step, steps_per_epoch)
+        return build_dataset(
+            train_manifest["files"], tokenizer, args, max_length, global_batch_size, training=True,
+            start_epoch=epoch, start_batch=batch,
+        )  # fmt: skip
+
     eval_dataset = (
         build_dataset(eval_manifest["files"], tokenizer, args, max_length, global_batch_size, training=False)
         if eval_manifest
@@ -680,26 +959,38 @@ def main(args):
     )
     callbacks = training_callbacks(args, tokenizer)  # before the model: a Hub problem should fail fast
     masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
+    manager, start_step = restore_checkpoint(args, masked_lm, trainer.optimizer)
     print(
         f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters, {args.mlm_head} LM head) on "
         f"{strategy.num_replicas_in_sync} replica(s) of {type(strategy).__name__}: {total_steps} steps of "
         f"{global_batch_size} x {max_length} tokens; {train_manifest['records']} train sequences."
     )
-    history = fit_exact_steps(
-        trainer,
-        train_dataset,
-        steps_per_epoch,
-        total_steps,
-        validation_data=eval_dataset,
-        validation_steps=eval_steps or None,
-        callbacks=callbacks,
-        verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
-    )
+    if start_step:
+        print(f"Resuming from {manager.latest_checkpoint} at step {start_step} of {total_steps}.")
+    try:
+        logs = fit_exact_steps(
+            trainer,
+            train_dataset_from,
+            start_step,
+            total_steps,
+            steps_per_epoch,
+            validation_data=eval_dataset,
+            validation_steps=eval_steps or None,
+            callbacks=callbacks + [checkpoint_callback(args, manager)],
+            verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
+        )
+    except tf.errors.DataLossError as error:
+        files = train_manifest["files"] + (eval_manifest["files"] if eval_manifest else [])
+        corrupt = find_corrupt_shard(files) or "one of the shards"
+        raise UsageError(
+            f"{corrupt} is corrupt ({tf_error_text(error)}); rerun prepare_tfrecord_shards.py, "
+            f"then this command: it resumes from the newest checkpoint in {args.output_dir}."
+        ) from None
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
     save(masked_lm, tokenizer, args.output_dir)
     steps = int(trainer.optimizer.iterations.numpy())
     print(f"Saved the model and tokenizer to {args.output_dir} after {steps} steps.")
-    return trainer, history
+    return trainer, logs
 
 
 if __name__ == "__main__":

@@ -24,14 +24,12 @@ from machine import describe_machine  # noqa: E402
 def main(argv):
     print(f"Machine: {describe_machine()}")
     print("Command: python run_mlm.py " + " ".join(argv))
-    trainer, history = run_mlm.main(run_mlm.parse_args(argv))
-    logs = history.history
-    steps_per_epoch = history.params["steps"]
+    trainer, logs = run_mlm.main(run_mlm.parse_args(argv))
     print("\n| epoch | minutes | steps | val loss | masked accuracy | accuracy at [MASK] | top token share |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for epoch, minutes in enumerate(logs["elapsed_minutes"]):
         print(
-            f"| {epoch + 1} | {minutes:.1f} | ~{(epoch + 1) * steps_per_epoch} | {logs['val_loss'][epoch]:.3f} | "
+            f"| {epoch + 1} | {minutes:.1f} | {logs['step'][epoch]} | {logs['val_loss'][epoch]:.3f} | "
             f"{logs['val_masked_accuracy'][epoch]:.3f} | {logs['val_mask_token_accuracy'][epoch]:.3f} | "
             f"{logs['val_top_token_share'][epoch]:.2f} |"
         )

@@ -1,54 +1,257 @@
-"""Bad input, run as the user would: one clear line on stderr, a non-zero exit, no traceback, no partial output."""
+"""Bad input, run as the user would: each script in a subprocess, with arguments.
+
+Every case checks the same four promises (see `refused`): a non-zero exit; one line on stderr, starting
+`<script>.py: error:` and naming the bad value; no traceback; and the output folder as it was before (absent, or
+unchanged). Each distinct bad input is one test id; to list them:
+
+    pytest tests/test_bad_input.py --collect-only -q
+
+A few run_mlm.py checks that come after TensorFlow has loaded stay in-process: as subprocesses they would
+each add a TensorFlow start-up and test nothing more. The last section holds the run_mlm.py cases it does not
+answer yet.
+"""
 
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
 import run_mlm
-from conftest import MAX_LENGTH, VOCAB_SIZE, last_line, write_lines
+from conftest import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, read_lines, write_lines
 
-MODEL_FILES = ("config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json")
+# TensorFlow's C++ start-up log, printed whatever TF_CPP_MIN_LOG_LEVEL says: not the scripts' own output.
+TENSORFLOW_LOG = re.compile(r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWEF]\d{4} \d\d:\d\d:)")
+# prepare_tfrecord_shards.py's progress bar, there when the problem showed only after some shards were written.
+PROGRESS_BAR = re.compile(r"^Writing \w+ shards: ")
+# Readable: a few lines of a terminal, paths included, not a library's dump of everything it knows.
+READABLE_LENGTH = 600
 
 
-def assert_one_line_error(result, script, *needles):
+def snapshot(path):
+    """A folder's files and subfolders with their bytes, a file's bytes, or None when nothing is there."""
+    if path.is_file():
+        return path.read_bytes()
+    if not path.exists():
+        return None
+    return {str(item.relative_to(path)): item.read_bytes() if item.is_file() else None for item in path.rglob("*")}
+
+
+def refused(run_script, script, args, output, *needles, exit_code=1):
+    """Run `script` with bad `args` and check the four promises; `output` is where it would write."""
+    before = snapshot(output)
+    result = run_script(script, *args)
     stderr = result.stderr
-    assert result.returncode != 0, f"exit 0; stdout: {result.stdout[-2000:]}"
+    assert result.returncode == exit_code, f"exit {result.returncode}; stderr: {stderr[-3000:]}"
     assert "Traceback" not in stderr, stderr[-3000:]
-    line = last_line(stderr)
-    assert line.startswith(f"{script}: error: "), stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.strip()]  # tqdm's carriage returns end lines too
+    lines = [line for line in lines if not TENSORFLOW_LOG.match(line) and not PROGRESS_BAR.match(line)]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), stderr[-3000:]
+    assert len(lines[0]) <= READABLE_LENGTH, f"{len(lines[0])} characters: {lines[0][:READABLE_LENGTH]}..."
     for needle in needles:
-        assert str(needle) in line, f"{needle!r} not in {line!r}"
-    assert result.returncode == 1
+        assert str(needle) in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert snapshot(output) == before, f"{output} was changed"
+    return lines[0]
 
 
-def assert_says_empty(line, corpus):
-    """The message calls the corpus empty / without text (checked with the path cut out: it holds test names)."""
-    words = line.replace(str(corpus), "<corpus>").lower()
-    assert re.search(r"\bempty\b|no (non-blank )?text|no lines|nothing to", words), line
+@pytest.fixture(scope="module")
+def inputs(corpus, tokenizer_dir, shards_dir, tmp_path_factory):
+    """Good and bad files the cases point at, by the names their commands use in {braces}."""
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    good = corpus["train"].read_bytes()
+    not_utf8 = folder / "latin1.txt"  # a Latin-1 line after a whole corpus: found after shards are written
+    not_utf8.write_bytes(good + "Un café au lait.\n".encode("latin-1") + good)
+    zero_bytes = folder / "zero.txt"
+    zero_bytes.write_bytes(b"")
+    word_document = folder / "corpus.docx"
+    word_document.write_bytes(good)
+    a_file = folder / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    empty_folder = folder / "empty_folder"
+    empty_folder.mkdir()
+    split_is_a_file = folder / "split_is_a_file"  # an output folder whose train/ cannot be made
+    split_is_a_file.mkdir()
+    (split_is_a_file / "train").write_text("a file where the split's folder should be\n")
+    return {
+        "corpus": corpus["train"],
+        "corpus_folder": corpus["train"].parent,
+        "tokenizer": tokenizer_dir,
+        "shards": shards_dir,
+        "train_shards": shards_dir / "train",
+        "not_utf8": not_utf8,
+        "not_utf8_line": len(read_lines(corpus["train"])) + 1,
+        "blank_lines": write_lines(folder / "blank.txt", ["", "   ", "", "\t", ""]),
+        "zero_bytes": zero_bytes,
+        "word_document": word_document,
+        "a_file": a_file,
+        "empty_folder": empty_folder,
+        "split_is_a_file": split_is_a_file,
+    }
 
 
-def written_files(folder):
-    if not folder.exists():
-        return []
-    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+# ---------------------------------------------------------------------------------------------------------
+# Flags and input files: (command, what the error line must name, exit code). {out} is a fresh folder of the
+# test's own; argparse exits 2, the scripts' own checks 1.
+
+UNIGRAM = "train_unigram.py --train_file {corpus} --vocab_size 100 --output_dir {out}"
+PREPARE = "prepare_tfrecord_shards.py --train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir {out}"
+PREPARE += f" --max_length {MAX_LENGTH}"
+RUN_MLM = "run_mlm.py --no_tpu --train_dataset {train_shards} --tokenizer {tokenizer} --max_steps 1 --output_dir {out}"
+RUN_MLM += f" --config_overrides {TINY_MODEL}"
 
 
-def snapshot(folder):
-    return {path: path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+def case(name, command, *needles, exit_code=1):
+    return pytest.param(command, needles, exit_code, id=name)
 
 
-@pytest.fixture
-def blank_corpus(tmp_path):
-    return write_lines(tmp_path / "blank.txt", ["", "   ", "", "\t", ""])
+FLAG_CASES = [
+    # train_unigram.py
+    case("unigram: no --output_dir", "train_unigram.py --train_file {corpus}", "--output_dir", exit_code=2),
+    case("unigram: --vocab_size 32k", UNIGRAM + " --vocab_size 32k", "--vocab_size", "'32k'", exit_code=2),
+    case("unigram: --vocab_size 3", UNIGRAM + " --vocab_size 3", "--vocab_size 3", "special tokens"),
+    case("unigram: --limit -3", UNIGRAM + " --limit -3", "--limit -3"),
+    case("unigram: --batch_size -1", UNIGRAM + " --batch_size -1", "--batch_size -1"),
+    case("unigram: --push_to_hub alone", UNIGRAM + " --push_to_hub", "--push_to_hub", "--hub_model_id"),
+    case("unigram: missing corpus", UNIGRAM + " --train_file {out}.txt", "--train_file {out}.txt", "does not exist"),
+    case("unigram: corpus is a folder", UNIGRAM + " --train_file {corpus_folder}", "{corpus_folder}", "folder"),
+    case("unigram: blank corpus", UNIGRAM + " --train_file {blank_lines}", "{blank_lines}", "no non-blank text"),
+    case("unigram: zero-byte corpus", UNIGRAM + " --train_file {zero_bytes}", "{zero_bytes}", "is empty"),
+    case("unigram: .docx corpus", UNIGRAM + " --train_file {word_document}", "{word_document}", "'.docx'"),
+    case(
+        "unigram: not UTF-8",
+        UNIGRAM + " --train_file {not_utf8}",
+        "{not_utf8}", "not UTF-8", "line {not_utf8_line}", "0xe9",
+    ),  # fmt: skip
+    case("unigram: output under a file", UNIGRAM + " --output_dir {a_file}/tokenizer", "{a_file}/tokenizer", "file"),
+    case("unigram: output is a file", UNIGRAM + " --output_dir {a_file}", "--output_dir {a_file}", "is a file"),
+    # prepare_tfrecord_shards.py
+    case(
+        "prepare: no tokenizer",
+        "prepare_tfrecord_shards.py --output_dir {out}",
+        "--tokenizer_name_or_path", exit_code=2,
+    ),  # fmt: skip
+    case("prepare: --max_length 12.5", PREPARE + " --max_length 12.5", "--max_length", "'12.5'", exit_code=2),
+    case("prepare: --max_length -5", PREPARE + " --max_length -5", "--max_length -5"),
+    case("prepare: --shard_size 0", PREPARE + " --shard_size 0", "--shard_size 0"),
+    case("prepare: --batch_size -1", PREPARE + " --batch_size -1", "--batch_size -1"),
+    case("prepare: --limit -3", PREPARE + " --limit -3", "--limit -3"),
+    case("prepare: --num_proc 0", PREPARE + " --num_proc 0", "--num_proc 0"),
+    case("prepare: unknown split", PREPARE + " --split dev", "'dev'", "train, validation, test"),
+    case("prepare: split without its file", PREPARE + " --split validation", "--split validation", "--validation_file"),
+    case("prepare: missing corpus", PREPARE + " --train_file {out}.txt", "--train_file {out}.txt", "does not exist"),
+    case("prepare: corpus is a folder", PREPARE + " --train_file {corpus_folder}", "{corpus_folder}", "folder"),
+    case("prepare: zero-byte corpus", PREPARE + " --train_file {zero_bytes}", "{zero_bytes}", "is empty"),
+    case("prepare: .docx corpus", PREPARE + " --train_file {word_document}", "{word_document}", "'.docx'"),
+    case("prepare: output under a file", PREPARE + " --output_dir {a_file}/shards", "{a_file}/shards", "file"),
+    case(
+        "prepare: split folder is a file",
+        PREPARE + " --output_dir {split_is_a_file}",
+        "could not write", "{split_is_a_file}/train",
+    ),  # fmt: skip
+    case("prepare: missing tokenizer", PREPARE + " --tokenizer_name_or_path {out}_tok", "{out}_tok", "not a tokenizer"),
+    case("prepare: tokenizer is a file", PREPARE + " --tokenizer_name_or_path {corpus}", "{corpus}", "not a tokenizer"),
+    case(
+        "prepare: tokenizer folder holds none",
+        PREPARE + " --tokenizer_name_or_path {empty_folder}",
+        "{empty_folder}", "tokenizer.json",
+    ),  # fmt: skip
+    case(
+        "prepare: shards folder as tokenizer",
+        PREPARE + " --tokenizer_name_or_path {shards}",
+        "{shards}", "tokenizer.json",
+    ),  # fmt: skip
+    case("prepare: blank corpus", PREPARE + " --train_file {blank_lines}", "{blank_lines}", "no non-blank text"),
+    case(
+        "prepare: not UTF-8, after some shards",
+        PREPARE + " --train_file {not_utf8} --batch_size 5 --shard_size 5",
+        "{not_utf8}", "not UTF-8", "line {not_utf8_line}", "0xe9",
+    ),  # fmt: skip
+    # run_mlm.py
+    case(
+        "run_mlm: no --train_dataset",
+        "run_mlm.py --tokenizer {tokenizer} --output_dir {out}",
+        "--train_dataset", exit_code=2,
+    ),  # fmt: skip
+    case("run_mlm: --max_steps ten", RUN_MLM + " --max_steps ten", "--max_steps", "'ten'", exit_code=2),
+    case("run_mlm: --mlm_probability 1.5", RUN_MLM + " --mlm_probability 1.5", "--mlm_probability 1.5"),
+    case("run_mlm: --mlm_probability 0", RUN_MLM + " --mlm_probability 0", "--mlm_probability 0"),
+    case("run_mlm: --per_replica_batch_size -1", RUN_MLM + " --per_replica_batch_size -1", "batch_size -1"),
+    case("run_mlm: --max_length -5", RUN_MLM + " --max_length -5", "--max_length -5"),
+    case("run_mlm: --max_steps 0", RUN_MLM + " --max_steps 0", "--max_steps 0"),
+    case("run_mlm: --warmup_ratio 1", RUN_MLM + " --warmup_ratio 1", "--warmup_ratio 1"),
+    case(
+        "run_mlm: --jit_compile with replicas",
+        RUN_MLM + " --jit_compile --cpu_replicas 2",
+        "--jit_compile", "--cpu_replicas 2",
+    ),  # fmt: skip
+    case("run_mlm: missing train shards", RUN_MLM + " --train_dataset {out}_shards", "--train_dataset {out}_shards"),
+    case(
+        "run_mlm: parent of the splits",
+        RUN_MLM + " --train_dataset {shards}",
+        "{shards}", "manifest.json", "{shards}/train",
+    ),  # fmt: skip
+    case("run_mlm: missing tokenizer", RUN_MLM + " --tokenizer {out}_tok", "--tokenizer {out}_tok"),
+    case(
+        "run_mlm: --max_length unlike the shards'",
+        RUN_MLM + f" --max_length {2 * MAX_LENGTH}",
+        f"--max_length {2 * MAX_LENGTH}", f" {MAX_LENGTH} ",
+    ),  # fmt: skip
+]
 
 
-@pytest.fixture
-def zero_byte_corpus(tmp_path):
-    path = tmp_path / "zero.txt"
-    path.write_bytes(b"")
-    return path
+@pytest.mark.parametrize("command, needles, exit_code", FLAG_CASES)
+def test_bad_flag_or_file(run_script, inputs, tmp_path, command, needles, exit_code):
+    names = {**inputs, "out": tmp_path / "out"}
+    script, *args = [word.format(**names) for word in command.split()]
+    output = Path(args[args.index("--output_dir") + 1]) if "--output_dir" in args else tmp_path / "out"
+    refused(run_script, script, args, output, *[needle.format(**names) for needle in needles], exit_code=exit_code)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output already there, and inputs that need building
+
+
+def test_unigram_refuses_to_replace_a_tokenizer(run_script, corpus, tokenizer_dir, tmp_path):
+    output_dir = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_dir, output_dir)
+    args = ["--train_file", corpus["validation"], "--vocab_size", 100, "--output_dir", output_dir]
+    refused(run_script, "train_unigram.py", args, output_dir, output_dir, "--overwrite_output_dir")
+
+
+def test_prepare_refuses_to_replace_a_finished_split(run_script, corpus, tokenizer_dir, shards_dir, tmp_path):
+    output_dir = tmp_path / "shards"
+    shutil.copytree(shards_dir / "validation", output_dir / "validation")
+    args = [
+        "--validation_file", corpus["validation"],
+        "--split", "validation",
+        "--tokenizer_name_or_path", tokenizer_dir,
+        "--max_length", MAX_LENGTH,
+        "--output_dir", output_dir,
+    ]  # fmt: skip
+    needles = (output_dir / "validation", "--overwrite_output_dir")
+    refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)
+
+
+def mlm_args(train_dataset, tokenizer, output_dir, *extra):
+    return [
+        "--no_tpu",
+        "--train_dataset", train_dataset,
+        "--tokenizer", tokenizer,
+        "--output_dir", output_dir,
+        "--config_overrides", TINY_MODEL,
+        "--max_steps", 1,
+        *extra,
+    ]  # fmt: skip
+
+
+def test_run_mlm_refuses_to_replace_a_finished_run(run_script, shards_dir, tokenizer_dir, tmp_path):
+    output_dir = tmp_path / "model"
+    output_dir.mkdir()
+    (output_dir / "config.json").write_text('{"model_type": "roberta"}\n')
+    (output_dir / "tf_model.h5").write_bytes(b"finished weights")
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, output_dir, "--overwrite_output_dir")
 
 
 @pytest.fixture(scope="module")
@@ -67,232 +270,41 @@ def tokenizer_without_mask(tokenizer_dir, tmp_path_factory):
     return folder
 
 
-# ---------------------------------------------------------------------------------------------------------
-# argparse: exit 2 and one line
-
-
-@pytest.mark.parametrize(
-    "script, args, missing",
-    [
-        ("train_unigram.py", ["--train_file", "corpus.txt"], "--output_dir"),
-        ("prepare_tfrecord_shards.py", ["--output_dir", "out"], "--tokenizer_name_or_path"),
-        ("run_mlm.py", ["--tokenizer", "tok", "--output_dir", "out"], "--train_dataset"),
-    ],
-)
-def test_missing_required_flag_is_one_line(run_script, script, args, missing):
-    result = run_script(script, *args)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert missing in lines[0] and "error" in lines[0]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# train_unigram.py
-
-
-def test_train_unigram_missing_train_file(run_script, tmp_path):
-    missing = tmp_path / "nowhere" / "corpus.txt"
-    output_dir = tmp_path / "tokenizer"
-    result = run_script("train_unigram.py", "--train_file", missing, "--vocab_size", 100, "--output_dir", output_dir)
-    assert_one_line_error(result, "train_unigram.py", missing)
-    assert not output_dir.exists()
-
-
-@pytest.mark.parametrize("kind", ["blank_lines", "zero_bytes"])
-def test_train_unigram_empty_corpus(run_script, tmp_path, blank_corpus, zero_byte_corpus, kind):
-    corpus = blank_corpus if kind == "blank_lines" else zero_byte_corpus
-    output_dir = tmp_path / "tokenizer"
-    result = run_script("train_unigram.py", "--train_file", corpus, "--vocab_size", 100, "--output_dir", output_dir)
-    assert_one_line_error(result, "train_unigram.py", corpus)
-    assert_says_empty(last_line(result.stderr), corpus)
-    assert written_files(output_dir) == []
-
-
-def test_train_unigram_vocab_too_small_for_special_tokens(run_script, corpus, tmp_path):
-    output_dir = tmp_path / "tokenizer"
-    result = run_script(
-        "train_unigram.py", "--train_file", corpus["train"], "--vocab_size", 3, "--output_dir", output_dir
-    )
-    assert_one_line_error(result, "train_unigram.py", "--vocab_size 3", "special tokens")
-    assert not output_dir.exists()
-
-
-def test_train_unigram_refuses_to_replace_a_tokenizer(run_script, corpus, tokenizer_dir, tmp_path):
-    output_dir = tmp_path / "tokenizer"
-    shutil.copytree(tokenizer_dir, output_dir)
-    before = snapshot(output_dir)
-    result = run_script(
-        "train_unigram.py", "--train_file", corpus["validation"], "--vocab_size", 100, "--output_dir", output_dir
-    )
-    assert_one_line_error(result, "train_unigram.py", output_dir, "--overwrite_output_dir")
-    assert snapshot(output_dir) == before
-
-
-# ---------------------------------------------------------------------------------------------------------
-# prepare_tfrecord_shards.py
-
-
-def prepare_args(split_file, tokenizer, output_dir, split="train", max_length=MAX_LENGTH):
-    return [
-        f"--{split}_file", split_file,
-        "--split", split,
-        "--tokenizer_name_or_path", tokenizer,
-        "--max_length", max_length,
-        "--output_dir", output_dir,
-    ]  # fmt: skip
-
-
-def assert_no_shards(output_dir):
-    leftovers = [name for name in written_files(output_dir) if name.endswith((".tfrecord", ".tmp", "manifest.json"))]
-    assert leftovers == []
-
-
-def test_prepare_missing_train_file(run_script, tokenizer_dir, tmp_path):
-    missing = tmp_path / "corpus.txt"
-    output_dir = tmp_path / "shards"
-    result = run_script("prepare_tfrecord_shards.py", *prepare_args(missing, tokenizer_dir, output_dir))
-    assert_one_line_error(result, "prepare_tfrecord_shards.py", "--train_file", missing)
-    assert not output_dir.exists()
-
-
-def test_prepare_missing_tokenizer_folder(run_script, corpus, tmp_path):
-    missing = tmp_path / "no_tokenizer_here"
-    output_dir = tmp_path / "shards"
-    result = run_script("prepare_tfrecord_shards.py", *prepare_args(corpus["train"], missing, output_dir))
-    assert_one_line_error(result, "prepare_tfrecord_shards.py", missing)
-    assert not output_dir.exists()
-
-
-@pytest.mark.parametrize("kind", ["blank_lines", "zero_bytes"])
-def test_prepare_empty_corpus(run_script, tokenizer_dir, tmp_path, blank_corpus, zero_byte_corpus, kind):
-    corpus = blank_corpus if kind == "blank_lines" else zero_byte_corpus
-    output_dir = tmp_path / "shards"
-    result = run_script("prepare_tfrecord_shards.py", *prepare_args(corpus, tokenizer_dir, output_dir))
-    assert_one_line_error(result, "prepare_tfrecord_shards.py", corpus)
-    assert_says_empty(last_line(result.stderr), corpus)
-    assert_no_shards(output_dir)
-
-
-def test_prepare_unknown_split(run_script, corpus, tokenizer_dir, tmp_path):
-    output_dir = tmp_path / "shards"
-    args = prepare_args(corpus["train"], tokenizer_dir, output_dir)
-    args[args.index("--split") + 1] = "dev"
-    result = run_script("prepare_tfrecord_shards.py", *args)
-    assert_one_line_error(result, "prepare_tfrecord_shards.py", "dev", "train, validation, test")
-    assert not output_dir.exists()
-
-
-def test_prepare_refuses_to_replace_a_finished_split(run_script, corpus, tokenizer_dir, shards_dir, tmp_path):
-    output_dir = tmp_path / "shards"
-    shutil.copytree(shards_dir / "validation", output_dir / "validation")
-    before = snapshot(output_dir)
-    args = prepare_args(corpus["validation"], tokenizer_dir, output_dir, split="validation")
-    result = run_script("prepare_tfrecord_shards.py", *args)
-    assert_one_line_error(result, "prepare_tfrecord_shards.py", output_dir / "validation", "--overwrite_output_dir")
-    assert snapshot(output_dir) == before
-
-
-# ---------------------------------------------------------------------------------------------------------
-# run_mlm.py (each subprocess pays for a TensorFlow import; the checks fail before any model is built)
-
-
-def mlm_args(train_dataset, tokenizer, output_dir, *extra):
-    return [
-        "--no_tpu",
-        "--train_dataset", train_dataset,
-        "--tokenizer", tokenizer,
-        "--output_dir", output_dir,
-        "--config_overrides", "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64",
-        "--max_steps", 1,
-        *extra,
-    ]  # fmt: skip
-
-
-def assert_no_model(output_dir):
-    assert not [name for name in written_files(output_dir) if name in MODEL_FILES]
-
-
-def test_run_mlm_missing_train_dataset(run_script, tokenizer_dir, tmp_path):
-    missing = tmp_path / "shards" / "train"
-    output_dir = tmp_path / "model"
-    result = run_script("run_mlm.py", *mlm_args(missing, tokenizer_dir, output_dir))
-    assert_one_line_error(result, "run_mlm.py", "--train_dataset", missing)
-    assert_no_model(output_dir)
-
-
-def test_run_mlm_folder_without_manifest(run_script, tokenizer_dir, shards_dir, tmp_path):
-    # The parent of the split folders: a likely slip, which the message should point out.
-    output_dir = tmp_path / "model"
-    result = run_script("run_mlm.py", *mlm_args(shards_dir, tokenizer_dir, output_dir))
-    assert_one_line_error(result, "run_mlm.py", shards_dir, "manifest.json", f"{shards_dir}/train")
-    assert_no_model(output_dir)
-
-
-def test_run_mlm_missing_tokenizer_folder(run_script, shards_dir, tmp_path):
-    missing = tmp_path / "tokenizer"
-    output_dir = tmp_path / "model"
-    result = run_script("run_mlm.py", *mlm_args(shards_dir / "train", missing, output_dir))
-    assert_one_line_error(result, "run_mlm.py", "--tokenizer", missing)
-    assert_no_model(output_dir)
-
-
 def test_run_mlm_tokenizer_without_mask_token(run_script, shards_dir, tokenizer_without_mask, tmp_path):
     output_dir = tmp_path / "model"
-    result = run_script("run_mlm.py", *mlm_args(shards_dir / "train", tokenizer_without_mask, output_dir))
-    assert_one_line_error(result, "run_mlm.py", tokenizer_without_mask, "mask")
-    assert_no_model(output_dir)
+    args = mlm_args(shards_dir / "train", tokenizer_without_mask, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, tokenizer_without_mask, "mask")
 
 
-def test_run_mlm_max_length_differs_from_the_shards(run_script, shards_dir, tokenizer_dir, tmp_path):
+def test_run_mlm_shards_from_another_tokenizer(run_script, shards_dir, tokenizer_dir, tmp_path):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    manifest["vocab_size"] = VOCAB_SIZE * 10
+    (split_dir / "manifest.json").write_text(json.dumps(manifest))
     output_dir = tmp_path / "model"
-    wrong = 2 * MAX_LENGTH
-    result = run_script(
-        "run_mlm.py", *mlm_args(shards_dir / "train", tokenizer_dir, output_dir, "--max_length", wrong)
-    )
-    assert_one_line_error(result, "run_mlm.py", f"--max_length {wrong}", str(MAX_LENGTH))
-    assert_no_model(output_dir)
+    args = mlm_args(split_dir, tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, VOCAB_SIZE * 10, "--tokenizer")
 
 
 def test_run_mlm_batch_larger_than_the_data(run_script, shards_dir, tokenizer_dir, read_manifest, tmp_path):
     output_dir = tmp_path / "model"
     records = read_manifest(shards_dir / "train")["records"]
-    batch = records + 1
-    result = run_script(
-        "run_mlm.py",
-        *mlm_args(shards_dir / "train", tokenizer_dir, output_dir, "--per_replica_batch_size", batch),
-    )
-    assert_one_line_error(result, "run_mlm.py", str(batch), str(records))
-    assert_no_model(output_dir)
-
-
-def test_run_mlm_refuses_to_replace_a_finished_run(run_script, shards_dir, tokenizer_dir, tmp_path):
-    output_dir = tmp_path / "model"
-    output_dir.mkdir()
-    (output_dir / "config.json").write_text('{"model_type": "roberta"}\n')
-    (output_dir / "tf_model.h5").write_bytes(b"finished weights")
-    before = snapshot(output_dir)
-    result = run_script("run_mlm.py", *mlm_args(shards_dir / "train", tokenizer_dir, output_dir))
-    assert_one_line_error(result, "run_mlm.py", output_dir, "--overwrite_output_dir")
-    assert snapshot(output_dir) == before
-
-
-def test_run_mlm_mlm_probability_out_of_range(run_script, shards_dir, tokenizer_dir, tmp_path):
-    output_dir = tmp_path / "model"
-    result = run_script(
-        "run_mlm.py", *mlm_args(shards_dir / "train", tokenizer_dir, output_dir, "--mlm_probability", 1.5)
-    )
-    assert_one_line_error(result, "run_mlm.py", "--mlm_probability 1.5")
-    assert_no_model(output_dir)
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir, "--per_replica_batch_size", records + 1)
+    refused(run_script, "run_mlm.py", args, output_dir, records + 1, records)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# In-process checks (cheaper than a subprocess; the CLI turns the same UsageError into the one line)
+# run_mlm.py in-process: checks that run after the tokenizer and manifests load (the CLI turns the same
+# UsageError into the one line, as the subprocess cases above show)
 
 
 def run_in_process(*argv):
     return run_mlm.main(run_mlm.parse_args([str(arg) for arg in argv]))
+
+
+def assert_nothing_written(output_dir):
+    assert not output_dir.exists() or not any(output_dir.iterdir())
 
 
 def test_run_mlm_manifest_listing_missing_shards(shards_dir, tokenizer_dir, tmp_path):
@@ -302,7 +314,7 @@ def test_run_mlm_manifest_listing_missing_shards(shards_dir, tokenizer_dir, tmp_
     (split_dir / manifest["shards"][0]["file"]).unlink()
     with pytest.raises(run_mlm.UsageError, match="no shards found|missing"):
         run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
-    assert_no_model(tmp_path / "model")
+    assert_nothing_written(tmp_path / "model")
 
 
 def test_run_mlm_unfinished_split_without_manifest(shards_dir, tokenizer_dir, tmp_path):
@@ -311,7 +323,7 @@ def test_run_mlm_unfinished_split_without_manifest(shards_dir, tokenizer_dir, tm
     (split_dir / "manifest.json").unlink()  # what an interrupted prepare_tfrecord_shards.py leaves
     with pytest.raises(run_mlm.UsageError, match="manifest.json"):
         run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
-    assert_no_model(tmp_path / "model")
+    assert_nothing_written(tmp_path / "model")
 
 
 @pytest.mark.parametrize(
@@ -325,18 +337,7 @@ def test_run_mlm_corrupt_manifest(shards_dir, tokenizer_dir, tmp_path, content, 
     with pytest.raises(run_mlm.UsageError, match="manifest.json is not one prepare_tfrecord_shards.py wrote") as error:
         run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
     assert named in str(error.value)
-    assert_no_model(tmp_path / "model")
-
-
-def test_run_mlm_shards_from_another_tokenizer(shards_dir, tokenizer_dir, tmp_path):
-    split_dir = tmp_path / "train"
-    shutil.copytree(shards_dir / "train", split_dir)
-    manifest = json.loads((split_dir / "manifest.json").read_text())
-    manifest["vocab_size"] = VOCAB_SIZE * 10
-    (split_dir / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(run_mlm.UsageError, match=str(VOCAB_SIZE * 10)):
-        run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
-    assert_no_model(tmp_path / "model")
+    assert_nothing_written(tmp_path / "model")
 
 
 def test_run_mlm_eval_batch_larger_than_the_eval_data(shards_dir, tokenizer_dir, read_manifest, tmp_path):
@@ -350,17 +351,7 @@ def test_run_mlm_eval_batch_larger_than_the_eval_data(shards_dir, tokenizer_dir,
                 "--per_replica_batch_size", eval_records + 1,
             )  # fmt: skip
         )
-    assert_no_model(tmp_path / "model")
-
-
-@pytest.mark.parametrize(
-    "flag, value",
-    [("--per_replica_batch_size", 0), ("--max_steps", 0), ("--warmup_ratio", 1.0), ("--mlm_probability", 0.0)],
-)
-def test_run_mlm_rejects_out_of_range_numbers(shards_dir, tokenizer_dir, tmp_path, flag, value):
-    with pytest.raises(run_mlm.UsageError, match=f"{flag} {value}|{flag}"):
-        run_in_process(*mlm_args(shards_dir / "train", tokenizer_dir, tmp_path / "model", flag, value))
-    assert not (tmp_path / "model").exists()
+    assert_nothing_written(tmp_path / "model")
 
 
 def test_run_mlm_unknown_config_override(shards_dir, tokenizer_dir, tmp_path):
@@ -368,12 +359,87 @@ def test_run_mlm_unknown_config_override(shards_dir, tokenizer_dir, tmp_path):
     args[args.index("--config_overrides") + 1] = "hidden_size=32,no_such_field=3"
     with pytest.raises(run_mlm.UsageError, match="no_such_field"):
         run_in_process(*args)
-    assert_no_model(tmp_path / "model")
+    assert_nothing_written(tmp_path / "model")
 
 
-def test_run_mlm_jit_compile_with_cpu_replicas_is_refused(shards_dir, tokenizer_dir, tmp_path):
-    # XLA on the CPU cannot reach variables placed on another logical device.
-    args = mlm_args(shards_dir / "train", tokenizer_dir, tmp_path / "model", "--jit_compile", "--cpu_replicas", 2)
-    with pytest.raises(run_mlm.UsageError, match="--jit_compile.*--cpu_replicas 2"):
-        run_in_process(*args)
-    assert not (tmp_path / "model").exists()
+# ---------------------------------------------------------------------------------------------------------
+# run_mlm.py: damaged shards, found before training starts and named in the message
+
+
+@pytest.fixture
+def damaged_split(shards_dir, tmp_path):
+    """A copy of the train split and the name of its second shard, for a test to damage."""
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    return split_dir, manifest["shards"][1]["file"]
+
+
+def test_run_mlm_shard_of_garbage_bytes(run_script, damaged_split, tokenizer_dir, tmp_path):
+    split_dir, shard = damaged_split
+    (split_dir / shard).write_bytes(bytes(range(256)) * 12)
+    output_dir = tmp_path / "model"
+    refused(run_script, "run_mlm.py", mlm_args(split_dir, tokenizer_dir, output_dir), output_dir, shard)
+
+
+def test_run_mlm_truncated_shard(run_script, damaged_split, tokenizer_dir, tmp_path):
+    split_dir, shard = damaged_split
+    data = (split_dir / shard).read_bytes()
+    (split_dir / shard).write_bytes(data[: len(data) // 2])
+    output_dir = tmp_path / "model"
+    refused(run_script, "run_mlm.py", mlm_args(split_dir, tokenizer_dir, output_dir), output_dir, shard)
+
+
+def test_run_mlm_token_ids_outside_the_vocabulary(run_script, damaged_split, tokenizer_dir, tokenizer, tmp_path):
+    import numpy as np
+
+    import prepare_tfrecord_shards as prepare
+    import tensorflow as tf
+
+    split_dir, shard = damaged_split
+    records = sum(1 for _ in tf.data.TFRecordDataset(str(split_dir / shard)))
+    too_large = len(tokenizer) + 100  # as if written with a larger tokenizer
+    with tf.io.TFRecordWriter(str(split_dir / shard)) as writer:
+        for example in prepare.serialize(np.full((records, MAX_LENGTH), too_large, dtype=np.int64)):
+            writer.write(example)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    manifest["shards"][1]["bytes"] = (split_dir / shard).stat().st_size  # whole, as listed: only the ids are wrong
+    (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    output_dir = tmp_path / "model"
+    args = mlm_args(split_dir, tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, shard, too_large)
+
+
+def test_run_mlm_manifest_counts_disagree_with_the_shards(run_script, damaged_split, tokenizer_dir, tmp_path):
+    split_dir, shard = damaged_split
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        del entry["bytes"]  # a manifest from before sizes were recorded: the records are counted instead
+    listed = manifest["shards"][1]["records"] + 50  # the file holds 50 records fewer than the manifest says
+    manifest["shards"][1]["records"] = listed
+    manifest["records"] += 50
+    manifest["tokens"] = manifest["records"] * manifest["max_length"]
+    (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    output_dir = tmp_path / "model"
+    args = mlm_args(split_dir, tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, shard, listed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# run_mlm.py: an output path that cannot be a folder, and a folder that is not a tokenizer
+
+
+def test_run_mlm_output_under_a_file(run_script, shards_dir, tokenizer_dir, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    output_dir = a_file / "model"
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, tmp_path, output_dir)
+
+
+def test_run_mlm_tokenizer_folder_without_a_tokenizer(run_script, shards_dir, tmp_path):
+    empty = tmp_path / "tokenizer"
+    empty.mkdir()
+    output_dir = tmp_path / "model"
+    args = mlm_args(shards_dir / "train", empty, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, empty)

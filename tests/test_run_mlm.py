@@ -29,13 +29,13 @@ def train(shards_dir, tokenizer_dir, output_dir, *extra, eval_split=True):
 def run(shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
     """The whole chain: the session's train_unigram.py tokenizer and shards, then run_mlm.py on them."""
     output_dir = tmp_path_factory.mktemp("model")
-    model, history = train(
+    model, logs = train(
         shards_dir, tokenizer_dir, output_dir,
         "--config_overrides", tiny_model,
         "--per_replica_batch_size", BATCH_SIZE,
         "--max_steps", MAX_STEPS,
     )  # fmt: skip
-    return model, history, output_dir
+    return model, logs, output_dir
 
 
 def steps_per_epoch(shards_dir, read_manifest, batch_size):
@@ -92,16 +92,15 @@ def test_fill_mask_pipeline_loads_from_the_folder(run, tokenizer):
 
 
 def test_optimizer_ran_exactly_max_steps(run, shards_dir, read_manifest):
-    model, history, _ = run
+    model, logs, _ = run
     assert MAX_STEPS < steps_per_epoch(shards_dir, read_manifest, BATCH_SIZE)
     assert int(model.optimizer.iterations.numpy()) == MAX_STEPS
-    assert len(history.history["loss"]) == 1
-    assert history.params["steps"] == MAX_STEPS
+    assert len(logs["loss"]) == 1
+    assert logs["step"] == [MAX_STEPS]
 
 
 def test_history_has_masked_accuracy_and_perplexity(run):
-    _, history, _ = run
-    logs = history.history
+    _, logs, _ = run
     accuracies = ("masked_accuracy", "mask_token_accuracy", "top_token_share")
     for key in ("loss", "val_loss", "val_perplexity", *accuracies, *(f"val_{name}" for name in accuracies)):
         assert key in logs and len(logs[key]) == 1, key
@@ -131,10 +130,11 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
     else:  # the stop must land on --max_steps even when a tf.function call runs several steps
         expected_steps, expected_epochs = per_epoch + 3, 2
         extra += ["--max_steps", expected_steps, "--steps_per_execution", 4]
-    model, history = train(shards_dir, tokenizer_dir, tmp_path, *extra, eval_split=False)
+    model, logs = train(shards_dir, tokenizer_dir, tmp_path, *extra, eval_split=False)
     assert int(model.optimizer.iterations.numpy()) == expected_steps
-    assert len(history.history["loss"]) == expected_epochs
-    assert "val_loss" not in history.history and "val_perplexity" not in history.history
+    assert len(logs["loss"]) == expected_epochs
+    assert logs["step"] == [per_epoch, expected_steps]
+    assert "val_loss" not in logs and "val_perplexity" not in logs
     assert (tmp_path / "tf_model.h5").is_file()
 
 
@@ -189,7 +189,7 @@ def test_overwrite_output_dir_replaces_a_finished_run(shards_dir, tokenizer_dir,
 
 
 def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny_model, tmp_path):
-    model, history = train(
+    model, logs = train(
         shards_dir, tokenizer_dir, tmp_path,
         "--jit_compile",
         "--config_overrides", tiny_model,
@@ -200,7 +200,7 @@ def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny
     assert model.jit_compile
     assert model.distribute_strategy.num_replicas_in_sync == 1
     assert int(model.optimizer.iterations.numpy()) == 2
-    assert math.isfinite(history.history["loss"][-1])
+    assert math.isfinite(logs["loss"][-1])
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
 
 
@@ -236,7 +236,7 @@ def test_sparse_head_trains_the_same_model_as_full_logits(shards_dir, tokenizer_
         runs[head] = train(shards_dir, tokenizer_dir, tmp_path / head, *common, "--mlm_head", head)
     (sparse, sparse_history), (full, full_history) = runs["sparse"], runs["full"]
     for key in ("loss", "val_loss", "masked_accuracy", "val_masked_accuracy"):
-        np.testing.assert_allclose(sparse_history.history[key], full_history.history[key], rtol=1e-4, err_msg=key)
+        np.testing.assert_allclose(sparse_history[key], full_history[key], rtol=1e-4, err_msg=key)
     for sparse_weight, full_weight in zip(sparse.masked_lm.weights, full.masked_lm.weights):
         np.testing.assert_allclose(sparse_weight.numpy(), full_weight.numpy(), rtol=1e-3, atol=1e-5)
     # The saved checkpoints are the same standard masked LM.
@@ -249,7 +249,7 @@ def test_bfloat16_computes_logits_and_loss_in_float32(shards_dir, tokenizer_dir,
     import tf_keras
 
     try:
-        trainer, history = train(
+        trainer, logs = train(
             shards_dir, tokenizer_dir, tmp_path,
             "--bfloat16",
             "--config_overrides", tiny_model,
@@ -265,4 +265,16 @@ def test_bfloat16_computes_logits_and_loss_in_float32(shards_dir, tokenizer_dir,
     }
     # The encoder ran in bfloat16, but the logits that reach softmax and the loss are float32.
     assert trainer(features).dtype == tf.float32
-    assert math.isfinite(history.history["val_loss"][0])
+    assert math.isfinite(logs["val_loss"][0])
+
+
+def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
+    """TF RoBERTa's positions assume <pad> is id 1; with another id, PyTorch would number them differently."""
+    from transformers import AutoTokenizer
+
+    args = run_mlm.parse_args(["--train_dataset", "x", "--tokenizer", str(tokenizer_dir), "--output_dir", "x"])
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    assert run_mlm.build_config(args, tokenizer, MAX_LENGTH).pad_token_id == 1
+    tokenizer.pad_token = "[SEP]"
+    with pytest.raises(run_mlm.UsageError, match=r"pad token '\[SEP\]' has id 2.*fixed at 1"):
+        run_mlm.build_config(args, tokenizer, MAX_LENGTH)

@@ -1,0 +1,46 @@
+"""A shard damaged where the checks before training cannot see is named when training meets it.
+
+(Damage they can see, truncation and foreign token ids, is in test_bad_input.py.)
+"""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import TINY_MODEL, last_line
+
+
+@pytest.fixture
+def shards_copy(shards_dir, tmp_path):
+    copy = tmp_path / "shards"
+    shutil.copytree(shards_dir, copy)
+    return copy
+
+
+def first_shard(split_dir):
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    return split_dir / manifest["shards"][0]["file"], manifest
+
+
+def train(run_script, shards, tokenizer_dir, output_dir):
+    return run_script(
+        "run_mlm.py", "--no_tpu",
+        "--train_dataset", shards / "train", "--eval_dataset", shards / "validation",
+        "--tokenizer", tokenizer_dir, "--output_dir", output_dir,
+        "--config_overrides", TINY_MODEL, "--per_replica_batch_size", 8, "--num_epochs", 1,
+    )  # fmt: skip
+
+
+def test_a_shard_corrupted_inside_is_named_when_training_reaches_it(run_script, shards_copy, tokenizer_dir, tmp_path):
+    shard, _ = first_shard(shards_copy / "train")
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 16] = b"\xff" * 16  # same size, first record intact: only reading it all finds out
+    shard.write_bytes(bytes(data))
+    result = train(run_script, shards_copy, tokenizer_dir, tmp_path / "out")
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "Traceback" not in result.stderr
+    line = last_line(result.stderr)
+    assert line.startswith("run_mlm.py: error: ") and str(shard) in line and "corrupt" in line, result.stderr[-3000:]
+    assert not (tmp_path / "out" / "config.json").exists()
