@@ -290,7 +290,7 @@ def check_shards(manifest, flag, vocab_size):
             if "bytes" in shard:
                 found, expected, unit = tf.io.gfile.stat(path).length, shard["bytes"], "bytes"
             else:
-                found = sum(1 for _ in tf.data.TFRecordDataset(path))  # manifests before sizes were recorded
+                found = count_records(path)  # manifests from before sizes were recorded
                 expected, unit = shard["records"], "records"
             if found != expected:
                 raise UsageError(
@@ -311,14 +311,20 @@ def check_shards(manifest, flag, vocab_size):
             )
 
 
+def count_records(path):
+    """Read a shard to its end; a corrupt one raises tf.errors.DataLossError."""
+    import tensorflow as tf
+
+    return sum(1 for _ in tf.data.TFRecordDataset(path))
+
+
 def find_corrupt_shard(files):
     """The first shard that cannot be read to its end: TF's corruption error does not name the file."""
     import tensorflow as tf
 
     for path in files:
         try:
-            for _ in tf.data.TFRecordDataset(path):
-                pass
+            count_records(path)
         except tf.errors.DataLossError:
             return path
     return None
@@ -708,34 +714,44 @@ def checkpoint_callback(args, manager):
     import tf_keras
 
     class SaveCheckpoints(tf_keras.callbacks.Callback):
-        """A checkpoint every --save_steps optimizer steps and at the end of every epoch."""
+        """A checkpoint every --save_steps optimizer steps and at the end of every epoch.
 
-        def __init__(self, manager):
+        The step is read from the device once per epoch and counted on the host in between: reading it
+        after every batch would stall each step (on a TPU, each execution) until the device catches up.
+        """
+
+        def __init__(self):
             super().__init__()
-            self.manager = manager
+            self._supports_tf_logs = True  # the logs stay on the device too: nothing here reads them
             self.saved_step = None
+            self.epoch_start = None
 
         def step(self):
             return int(self.model.optimizer.iterations.numpy())
 
         def save(self):
             self.saved_step = self.step()
-            self.manager.save(checkpoint_number=self.saved_step)
+            manager.save(checkpoint_number=self.saved_step)
 
         def on_train_begin(self, logs=None):
             if self.saved_step is None:
                 self.saved_step = self.step()  # a resumed run starts from a saved step
 
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch_start = self.step()
+
         def on_train_batch_end(self, batch, logs=None):
-            # With --steps_per_execution > 1 this runs once per execution: save on crossing a multiple.
-            if args.save_steps and self.step() // args.save_steps > self.saved_step // args.save_steps:
+            # `batch` is the index of the last step run in this epoch; with --steps_per_execution > 1 this
+            # runs once per execution, so save on crossing a multiple of --save_steps.
+            done = self.epoch_start + batch + 1
+            if args.save_steps and done // args.save_steps > self.saved_step // args.save_steps:
                 self.save()
 
         def on_epoch_end(self, epoch, logs=None):
             if self.step() != self.saved_step:
                 self.save()
 
-    return SaveCheckpoints(manager)
+    return SaveCheckpoints()
 
 
 def fit_segments(start_step, total_steps, steps_per_epoch):
@@ -819,6 +835,10 @@ def run_settings(args, config, train_manifest, global_batch_size, total_steps):
     return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)
 
 
+def checkpoint_dir(args):
+    return f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
+
+
 def prepare_output_dir(args, settings):
     """Start afresh, or check that the checkpoints there belong to this very run so they can be resumed.
 
@@ -830,7 +850,7 @@ def prepare_output_dir(args, settings):
     import tensorflow as tf
 
     output_dir = args.output_dir.rstrip("/")
-    folder = f"{output_dir}/{CHECKPOINT_DIR}"
+    folder = checkpoint_dir(args)
     path = f"{folder}/{RUN_SETTINGS_NAME}"
 
     def start_afresh():
@@ -871,9 +891,7 @@ def restore_checkpoint(args, masked_lm, optimizer):
     import tensorflow as tf
 
     checkpoint = tf.train.Checkpoint(model=masked_lm, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(
-        checkpoint, f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR}", max_to_keep=args.save_total_limit
-    )
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir(args), max_to_keep=args.save_total_limit)
     if manager.latest_checkpoint is None:
         return manager, 0
     try:
@@ -881,7 +899,7 @@ def restore_checkpoint(args, masked_lm, optimizer):
     except (AssertionError, ValueError, tf.errors.OpError) as error:
         raise UsageError(
             f"could not resume from {manager.latest_checkpoint}: {first_line(error)}; delete "
-            f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR} to start afresh."
+            f"{checkpoint_dir(args)} to start afresh."
         ) from None
     return manager, int(optimizer.iterations.numpy())
 
@@ -889,23 +907,26 @@ def restore_checkpoint(args, masked_lm, optimizer):
 def save(model, tokenizer, output_dir):
     """Write the model and tokenizer so that an interruption can never leave a folder that looks finished.
 
-    save_pretrained() writes through the local filesystem, so everything is written to a local temporary
-    folder first and then published file by file (local or gs://), config.json last: the folder counts as
-    finished once it holds config.json, and by then every other file is complete.
+    save_pretrained() writes through the local filesystem, so everything is written to a staging folder
+    first (inside a local output folder; a temporary one for gs://) and then published file by file,
+    config.json last: the folder counts as finished once it holds config.json, and by then every other
+    file is complete. Each file appears whole: a rename within one filesystem is atomic, and a GCS object
+    exists only once fully uploaded.
     """
     import tensorflow as tf
 
     output_dir = output_dir.rstrip("/")
-    with tempfile.TemporaryDirectory() as local:
-        model.save_pretrained(local)
-        tokenizer.save_pretrained(local)
-        tf.io.gfile.makedirs(output_dir)
-        names = sorted(os.listdir(local), key=lambda name: (name == FINISHED_RUN_MARKER, name))
-        for name in names:
-            # Copy under a temporary name, then rename: a reader never sees a half-copied file.
-            temporary = f"{output_dir}/.{name}.tmp"
-            tf.io.gfile.copy(os.path.join(local, name), temporary, overwrite=True)
-            tf.io.gfile.rename(temporary, f"{output_dir}/{name}", overwrite=True)
+    local = "://" not in output_dir
+    tf.io.gfile.makedirs(output_dir)
+    with tempfile.TemporaryDirectory(dir=output_dir if local else None, prefix=".saving-") as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        for name in sorted(os.listdir(staging), key=lambda name: (name == FINISHED_RUN_MARKER, name)):
+            source, target = os.path.join(staging, name), f"{output_dir}/{name}"
+            if local:
+                os.replace(source, target)
+            else:
+                tf.io.gfile.copy(source, target, overwrite=True)
 
 
 def main(args):
