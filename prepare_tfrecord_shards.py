@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 
@@ -60,6 +61,36 @@ PACKING = (
 
 class UsageError(Exception):
     """A mistake in the user's input: reported as one line, without a traceback."""
+
+
+@contextmanager
+def tensorflow_startup_log_held_back():
+    """Hold back the log TensorFlow's C++ libraries print while they load and find devices (oneDNN, CUDA).
+
+    Those lines go straight to the process's stderr whatever TF_CPP_MIN_LOG_LEVEL says, and on a machine
+    without a GPU they read like errors. They are kept in a temporary file and shown only if start-up fails
+    for a reason other than the user's input; TF_CPP_MIN_LOG_LEVEL=0 shows them always.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        yield
+        return
+    sys.stderr.flush()
+    stderr_copy = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except UsageError:
+            raise
+        except BaseException:
+            sys.stderr.flush()
+            held.seek(0)
+            os.write(stderr_copy, held.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr_copy, 2)
+            os.close(stderr_copy)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -643,6 +674,8 @@ def main(args):
     check_args(args)
     # The tokenizer first: a wrong path is reported in a second rather than after TensorFlow has loaded.
     tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
+    with tensorflow_startup_log_held_back():
+        import tensorflow  # noqa: F401  (loaded here so that its start-up log can be held back)
     split_dir = check_split_dir(args)  # before tokenizing: refusing after minutes of work helps nobody
     texts = split_texts(args)
     writer = ShardWriter(split_dir, args.split, args.shard_size)

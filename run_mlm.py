@@ -33,12 +33,14 @@ evaluation shards, prefixed `val_`, and `val_perplexity = exp(val_loss)`.
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TF's start-up chatter out of the training log
 
@@ -51,11 +53,43 @@ FINISHED_RUN_MARKER = "config.json"  # save() writes it last: a folder holding i
 CHECKPOINT_DIR = "checkpoints"
 RUN_SETTINGS_NAME = "run_settings.json"
 TRAINING_LOG_NAME = "training_log.csv"
+TENSORBOARD_DIR = "logs"  # `tensorboard --logdir <output_dir>/logs`
+CURVES_NAME = "training_curves.png"
 MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 
 
 class UsageError(Exception):
     """A mistake in the user's input: reported as one line, without a traceback."""
+
+
+@contextmanager
+def tensorflow_startup_log_held_back():
+    """Hold back the log TensorFlow's C++ libraries print while they load and find devices (oneDNN, CUDA).
+
+    Those lines go straight to the process's stderr whatever TF_CPP_MIN_LOG_LEVEL says, and on a machine
+    without a GPU they read like errors. They are kept in a temporary file and shown only if start-up fails
+    for a reason other than the user's input; TF_CPP_MIN_LOG_LEVEL=0 shows them always.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        yield
+        return
+    sys.stderr.flush()
+    stderr_copy = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except UsageError:
+            raise
+        except BaseException:
+            sys.stderr.flush()
+            held.seek(0)
+            os.write(stderr_copy, held.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr_copy, 2)
+            os.close(stderr_copy)
 
 
 def first_line(error):
@@ -124,6 +158,13 @@ def parse_args(argv=None):
         "the same command after an interruption resumes from the newest checkpoint (default: 1000).",
     )
     training.add_argument("--save_total_limit", type=int, default=3, help="Checkpoints kept (default: 3).")
+    training.add_argument(
+        "--logging_steps",
+        type=int,
+        default=50,
+        help="Write the training loss, accuracies, learning rate and tokens/s to TensorBoard (<output_dir>/logs) "
+        "every this many optimizer steps (default: 50); evaluation is logged after every epoch.",
+    )
     training.add_argument("--hub_model_id", help="Push the model and tokenizer to this Hub repository.")
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
@@ -143,7 +184,7 @@ def parse_args(argv=None):
 def check_args(args):
     positive = (
         "per_replica_batch_size", "num_epochs", "shuffle_buffer_size", "steps_per_execution", "cpu_replicas",
-        "save_total_limit",
+        "save_total_limit", "logging_steps",
     )  # fmt: skip
     for flag in positive:
         if getattr(args, flag) <= 0:
@@ -649,6 +690,10 @@ def build_model(config, args, total_steps, strategy, mask_token_id):
     """The masked LM and the trainer that fits it, with AdamW and its schedule, created in the strategy's scope."""
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
+    # transformers 4.57 warns that its TF classes leave in v5; README.md says so once, the log needn't.
+    logging.getLogger("transformers.modeling_tf_utils").addFilter(
+        lambda record: "TensorFlow and JAX classes are deprecated" not in record.getMessage()
+    )
     with strategy.scope():
         masked_lm = TFAutoModelForMaskedLM.from_config(config)
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
@@ -708,6 +753,139 @@ def training_callbacks(args, tokenizer):
             ) from None
         callbacks.append(callback)
     return callbacks
+
+
+def tensorboard_callback(args, tokens_per_step):
+    """TensorBoard scalars in <output_dir>/logs (local or gs://).
+
+    Every --logging_steps steps: the training loss and accuracies over those steps alone, the learning rate
+    and tokens per second; after every epoch, the evaluation metrics and perplexity. fit()'s metrics are
+    running sums over the epoch, so two readings of their totals give the interval's exact figures. Like the
+    checkpoint callback, it counts steps on the host and touches the device only when it writes.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    class TensorBoardScalars(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # the per-batch logs are never read, so they need no conversion
+            self.writer = tf.summary.create_file_writer(f"{args.output_dir.rstrip('/')}/{TENSORBOARD_DIR}")
+
+        def totals(self):
+            trainer = self.model
+            pairs = {
+                "loss": (trainer.loss_tracker.total, trainer.loss_tracker.count),
+                "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
+                "mask_token_accuracy": (trainer.mask_token_accuracy.correct, trainer.mask_token_accuracy.total),
+            }
+            return {name: (float(numerator), float(denominator)) for name, (numerator, denominator) in pairs.items()}
+
+        def learning_rate(self):
+            rate = self.model.optimizer.learning_rate  # a schedule (warmup, then decay) or a fixed value
+            if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+                rate = rate(self.model.optimizer.iterations)
+            return float(rate)
+
+        def write_interval(self, step):
+            now, totals = time.perf_counter(), self.totals()
+            with self.writer.as_default(step=step):
+                for name, (numerator, denominator) in totals.items():
+                    previous_numerator, previous_denominator = self.previous_totals[name]
+                    if denominator > previous_denominator:
+                        value = (numerator - previous_numerator) / (denominator - previous_denominator)
+                        tf.summary.scalar(f"train/{name}", value)
+                tf.summary.scalar("train/learning_rate", self.learning_rate())
+                tf.summary.scalar(
+                    "train/tokens_per_second", (step - self.logged_step) * tokens_per_step / (now - self.logged_time)
+                )
+            self.logged_step, self.logged_time, self.previous_totals = step, now, totals
+
+        def on_epoch_begin(self, epoch, logs=None):
+            # fit() has just reset the metrics: the sums start again from zero.
+            self.epoch_start = self.logged_step = int(self.model.optimizer.iterations.numpy())
+            self.logged_time = time.perf_counter()
+            self.previous_totals = {name: (0.0, 0.0) for name in ("loss", "masked_accuracy", "mask_token_accuracy")}
+
+        def on_train_batch_end(self, batch, logs=None):
+            done = self.epoch_start + batch + 1
+            last_of_epoch = batch + 1 == self.params["steps"]  # its sums are reset before the next epoch
+            if last_of_epoch or done // args.logging_steps > self.logged_step // args.logging_steps:
+                self.write_interval(done)
+
+        def on_epoch_end(self, epoch, logs=None):
+            with self.writer.as_default(step=self.logged_step):
+                for name, value in (logs or {}).items():
+                    if name.startswith("val_"):
+                        tf.summary.scalar(f"eval/{name[len('val_'):]}", float(value))
+            self.writer.flush()
+
+    return TensorBoardScalars()
+
+
+def read_scalars(log_dir):
+    """{tag: {step: value}} from the TensorBoard files in `log_dir`; a step written twice (a resumed run
+    repeats the steps after its last checkpoint) keeps the newer value."""
+    import tensorflow as tf
+
+    def written_at(path):  # events.out.tfevents.<unix time>.<host>...: the older file's values are replaced
+        name = path.rsplit("/", 1)[-1]
+        return int(name.split(".")[3]), name
+
+    scalars = {}
+    for path in sorted(tf.io.gfile.glob(f"{log_dir}/events.out.tfevents.*"), key=written_at):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return scalars
+
+
+def plot_curves(log_dir, path):
+    """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or gs://)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    import tensorflow as tf
+
+    scalars = read_scalars(log_dir)
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    for prefix, label, style in (("train", "training", "-"), ("eval", "evaluation", "o-")):
+        for axes, name in ((loss_axes, "loss"), (accuracy_axes, "mask_token_accuracy")):
+            points = sorted(scalars.get(f"{prefix}/{name}", {}).items())
+            if points:
+                axes.plot(*zip(*points), style, label=label)
+    loss_axes.set(title="masked-LM loss", xlabel="optimizer step", ylabel="cross-entropy")
+    accuracy_axes.set(title="accuracy at [MASK] inputs", xlabel="optimizer step", ylabel="top-1 accuracy")
+    for axes in (loss_axes, accuracy_axes):
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.tight_layout()
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
+    plt.close(figure)
+    with tf.io.gfile.GFile(path, "wb") as file:
+        file.write(image.getvalue())
+
+
+def summary_line(steps, tokens_per_step, logs, minutes):
+    """One line that says how the run ended; the evaluation figures appear when there was evaluation data."""
+    parts = [f"{steps:,} steps", f"{steps * tokens_per_step:,} tokens seen"]
+    final = {name: values[-1] for name, values in logs.items() if values}
+    if "val_loss" in final:
+        parts += [
+            f"eval loss {final['val_loss']:.4f}",
+            f"perplexity {final['val_perplexity']:.2f}",
+            f"masked accuracy {final['val_masked_accuracy']:.4f}",
+            f"accuracy at [MASK] {final['val_mask_token_accuracy']:.4f}",
+        ]
+    elif "loss" in final:
+        parts.append(f"train loss {final['loss']:.4f} (no --eval_dataset)")
+    parts.append(f"wall time {minutes:.1f} min")
+    return "Finished: " + ", ".join(parts) + "."
 
 
 def checkpoint_callback(args, manager):
@@ -854,11 +1032,12 @@ def prepare_output_dir(args, settings):
     path = f"{folder}/{RUN_SETTINGS_NAME}"
 
     def start_afresh():
-        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME):
+        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME):
             if tf.io.gfile.exists(f"{output_dir}/{name}"):
                 tf.io.gfile.remove(f"{output_dir}/{name}")
-        if tf.io.gfile.exists(folder):
-            tf.io.gfile.rmtree(folder)
+        for old_folder in (folder, f"{output_dir}/{TENSORBOARD_DIR}"):
+            if tf.io.gfile.exists(old_folder):
+                tf.io.gfile.rmtree(old_folder)
 
     if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):  # check_output_dir() allowed replacing it
         start_afresh()
@@ -931,7 +1110,8 @@ def save(model, tokenizer, output_dir):
 
 def main(args):
     check_args(args)
-    strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
+    with tensorflow_startup_log_held_back():
+        strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
     import tensorflow as tf
     import tf_keras
 
@@ -978,8 +1158,10 @@ def main(args):
         if eval_manifest
         else None
     )
+    started = time.perf_counter()
     callbacks = training_callbacks(args, tokenizer)  # before the model: a Hub problem should fail fast
     masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
+    tokens_per_step = global_batch_size * max_length
     manager, start_step = restore_checkpoint(args, masked_lm, trainer.optimizer)
     print(
         f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters, {args.mlm_head} LM head) on "
@@ -997,7 +1179,7 @@ def main(args):
             steps_per_epoch,
             validation_data=eval_dataset,
             validation_steps=eval_steps or None,
-            callbacks=callbacks + [checkpoint_callback(args, manager)],
+            callbacks=callbacks + [tensorboard_callback(args, tokens_per_step), checkpoint_callback(args, manager)],
             verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
         )
     except tf.errors.DataLossError as error:
@@ -1009,8 +1191,12 @@ def main(args):
         ) from None
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
     save(masked_lm, tokenizer, args.output_dir)
+    output_dir = args.output_dir.rstrip("/")
+    plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
     steps = int(trainer.optimizer.iterations.numpy())
-    print(f"Saved the model and tokenizer to {args.output_dir} after {steps} steps.")
+    print(f"Saved the model and tokenizer to {args.output_dir}, the curves to {output_dir}/{CURVES_NAME}.")
+    minutes = (time.perf_counter() - started) / 60
+    print(summary_line(steps, tokens_per_step, logs, minutes) + (f" (resumed at step {start_step})" if start_step else ""))
     return trainer, logs
 
 
