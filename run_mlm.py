@@ -172,6 +172,12 @@ def parse_args(argv=None):
     hardware.add_argument("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
     hardware.add_argument("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
     hardware.add_argument(
+        "--multi_worker",
+        action="store_true",
+        help="Train across machines with MultiWorkerMirroredStrategy (GPU clusters): every machine runs this same "
+        "command with its own TF_CONFIG, and worker 0 (or the chief) alone writes. Implies --no_tpu.",
+    )
+    hardware.add_argument(
         "--cpu_replicas",
         type=int,
         default=1,
@@ -201,6 +207,10 @@ def check_args(args):
         raise UsageError(f"--warmup_ratio {args.warmup_ratio} must lie in [0, 1).")
     if args.learning_rate <= 0 or args.weight_decay_rate < 0:
         raise UsageError("--learning_rate must be positive and --weight_decay_rate not negative.")
+    if args.multi_worker:
+        args.no_tpu = True
+    if args.cpu_replicas > 1 and args.multi_worker:
+        raise UsageError(f"--cpu_replicas {args.cpu_replicas} splits one machine; it cannot be combined with --multi_worker.")
     if args.cpu_replicas > 1 and not args.no_tpu:
         raise UsageError(f"--cpu_replicas {args.cpu_replicas} only applies with --no_tpu.")
     if args.cpu_replicas > 1 and args.jit_compile:
@@ -218,6 +228,8 @@ def build_strategy(args):
     """TPUStrategy unless --no_tpu; otherwise mirrored over the visible GPUs, or the default strategy on CPU."""
     import tensorflow as tf
 
+    if args.multi_worker:
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=multi_worker_resolver())
     if not args.no_tpu:
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
@@ -252,6 +264,72 @@ def build_strategy(args):
 
 # ---------------------------------------------------------------------------------------------------------
 # Data: manifests, shards, masking
+
+
+def multi_worker_resolver():
+    """The cluster from TF_CONFIG, checked: a worker that guesses its place would wait forever for the others."""
+    import tensorflow as tf
+
+    text = os.environ.get("TF_CONFIG")
+    example = '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
+    if not text:
+        raise UsageError(f"--multi_worker needs TF_CONFIG on every machine, e.g. TF_CONFIG='{example}'.")
+    try:
+        config = json.loads(text)
+        task_type, task_index = config["task"]["type"], int(config["task"]["index"])
+        addresses = config["cluster"][task_type]
+        if not 0 <= task_index < len(addresses):
+            raise IndexError(f"task index {task_index} with {len(addresses)} {task_type} addresses")
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise UsageError(
+            f"TF_CONFIG {text!r} does not say which task of which cluster this is ({type(error).__name__}: "
+            f"{error}); set it like '{example}'."
+        ) from None
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def is_chief(strategy):
+    """Whether this process writes: the chief of a multi-worker cluster (worker 0 when there is no chief), or
+    the only process there is. The other workers train in lockstep and keep their hands off the output."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type or not resolver.cluster_spec().as_dict():
+        return True
+    if resolver.task_type == "chief":
+        return True
+    return resolver.task_type == "worker" and resolver.task_id == 0 and "chief" not in resolver.cluster_spec().as_dict()
+
+
+def input_pipeline_count(strategy):
+    """How many input pipelines read the data: one per host (a TPU pod slice's hosts, a cluster's workers)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.extended.num_hosts
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        spec = strategy.cluster_resolver.cluster_spec().as_dict()
+        return sum(len(spec.get(task_type, [])) for task_type in ("chief", "worker"))
+    return 1
+
+
+def split_between_pipelines(manifest, flag, pipelines, per_pipeline_batch):
+    """Each input pipeline's own shard files (every pipelines-th one), and the steps of one epoch.
+
+    Every pipeline reads whole files, so the hosts never read the same sequence and need not coordinate.
+    They must take the same number of steps, so an epoch lasts as long as the pipeline with the fewest
+    sequences has whole batches; the others leave their surplus for that epoch (a different surplus each
+    epoch, as their files are reshuffled). Shards of equal size, as prepare_tfrecord_shards.py writes them
+    (all but the last), keep that surplus small.
+    """
+    files, records = manifest["files"], [shard["records"] for shard in manifest["shards"]]
+    if len(files) < pipelines:
+        raise UsageError(
+            f"{flag} has {len(files)} shard file(s), but {pipelines} hosts read the data and each needs at least "
+            f"one of its own; rerun prepare_tfrecord_shards.py with a smaller --shard_size to write at least "
+            f"{pipelines} shards (a multiple of {pipelines} spreads them evenly)."
+        )
+    pipeline_files = [files[index::pipelines] for index in range(pipelines)]
+    steps = min(sum(records[index::pipelines]) // per_pipeline_batch for index in range(pipelines))
+    return pipeline_files, steps
 
 
 def read_manifest(folder, flag):
@@ -441,10 +519,15 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     return masked_ids, positions, labels
 
 
-def build_dataset(files, tokenizer, args, max_length, global_batch_size, training, start_epoch=0, start_batch=0):
+def build_dataset(
+    files, tokenizer, args, max_length, batch_size, training, start_epoch=0, start_batch=0, batches_per_epoch=None,
+    pipeline=0,
+):  # fmt: skip
     """Shards -> shuffled, batched, parsed, masked batches of ({"input_ids", "masked_positions"}, labels).
 
-    Every shape is static: [batch, max_length] ids, [batch, max_predictions] positions and labels.
+    Every shape is static: [batch, max_length] ids, [batch, max_predictions] positions and labels. `files`
+    are this input pipeline's own shards; each epoch yields at most `batches_per_epoch` batches, so that all
+    the hosts of a cluster take the same number of steps.
 
     Training data is an endless stream of epochs, and everything random in it is stateless: epoch e reads
     the shards in an order drawn from (seed, e), shuffles them in blocks of --shuffle_buffer_size records,
@@ -462,6 +545,8 @@ def build_dataset(files, tokenizer, args, max_length, global_batch_size, trainin
     mask_token_id = tf.constant(tokenizer.mask_token_id, dtype=tf.int32)
     files = tf.constant(files)
     base_seed = tf.constant([args.seed, 1 if training else 2], dtype=tf.int64)  # train and eval draws differ
+    if pipeline:  # each host draws its own shuffles and masks; host 0 draws those of a single-host run
+        base_seed = tf.random.experimental.stateless_fold_in(base_seed, pipeline)
 
     def seed_for(*numbers):
         seed = base_seed
@@ -484,7 +569,10 @@ def build_dataset(files, tokenizer, args, max_length, global_batch_size, trainin
                     tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
                 )
             )
-        batches = records.batch(global_batch_size, drop_remainder=True).enumerate()
+        batches = records.batch(batch_size, drop_remainder=True)
+        if batches_per_epoch is not None:
+            batches = batches.take(batches_per_epoch)
+        batches = batches.enumerate()
         return batches.map(lambda index, batch: (epoch, index, batch))
 
     if training:
@@ -755,13 +843,16 @@ def training_callbacks(args, tokenizer):
     return callbacks
 
 
-def tensorboard_callback(args, tokens_per_step):
+def tensorboard_callback(args, tokens_per_step, writes=True):
     """TensorBoard scalars in <output_dir>/logs (local or gs://).
 
     Every --logging_steps steps: the training loss and accuracies over those steps alone, the learning rate
     and tokens per second; after every epoch, the evaluation metrics and perplexity. fit()'s metrics are
     running sums over the epoch, so two readings of their totals give the interval's exact figures. Like the
     checkpoint callback, it counts steps on the host and touches the device only when it writes.
+
+    Reading a metric sums its copies across replicas, which across hosts is a collective operation every
+    worker must join, so every worker runs this callback and only the chief (`writes`) keeps what it reads.
     """
     import tensorflow as tf
     import tf_keras
@@ -770,7 +861,8 @@ def tensorboard_callback(args, tokens_per_step):
         def __init__(self):
             super().__init__()
             self._supports_tf_logs = True  # the per-batch logs are never read, so they need no conversion
-            self.writer = tf.summary.create_file_writer(f"{args.output_dir.rstrip('/')}/{TENSORBOARD_DIR}")
+            log_dir = f"{args.output_dir.rstrip('/')}/{TENSORBOARD_DIR}"
+            self.writer = tf.summary.create_file_writer(log_dir) if writes else tf.summary.create_noop_writer()
 
         def totals(self):
             trainer = self.model
@@ -779,7 +871,8 @@ def tensorboard_callback(args, tokens_per_step):
                 "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
                 "mask_token_accuracy": (trainer.mask_token_accuracy.correct, trainer.mask_token_accuracy.total),
             }
-            return {name: (float(numerator), float(denominator)) for name, (numerator, denominator) in pairs.items()}
+            # read_value() sums a metric's per-replica copies when there are several replicas.
+            return {name: (float(a.read_value()), float(b.read_value())) for name, (a, b) in pairs.items()}
 
         def learning_rate(self):
             rate = self.model.optimizer.learning_rate  # a schedule (warmup, then decay) or a fixed value
@@ -1013,6 +1106,14 @@ def run_settings(args, config, train_manifest, global_batch_size, total_steps):
     return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)
 
 
+def wait_for_every_worker(strategy):
+    """A barrier: an all-reduce that returns once every worker of the cluster has reached it."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        tf.function(strategy.run)(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0)))
+
+
 def checkpoint_dir(args):
     return f"{args.output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
 
@@ -1123,19 +1224,30 @@ def main(args):
     max_length = train_manifest["max_length"]
 
     global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
-    steps_per_epoch = train_manifest["records"] // global_batch_size
+    # One input pipeline per host, each with its own shard files, batching for the replicas of its host.
+    pipelines = input_pipeline_count(strategy)
+    per_pipeline_batch = global_batch_size // pipelines
+    replicas_per_pipeline = strategy.num_replicas_in_sync // pipelines
+    train_files, steps_per_epoch = split_between_pipelines(
+        train_manifest, "--train_dataset", pipelines, per_pipeline_batch
+    )
     if steps_per_epoch == 0:
         raise UsageError(
             f"the global batch of {global_batch_size} sequences ({args.per_replica_batch_size} x "
             f"{strategy.num_replicas_in_sync} replicas) is larger than the {train_manifest['records']} train "
-            "sequences; lower --per_replica_batch_size or add data."
+            f"sequences{f' split between {pipelines} hosts' if pipelines > 1 else ''}; lower "
+            "--per_replica_batch_size or add data."
         )
-    eval_steps = eval_manifest["records"] // global_batch_size if eval_manifest else 0
-    if eval_manifest and eval_steps == 0:
-        raise UsageError(
-            f"the global batch of {global_batch_size} sequences is larger than the {eval_manifest['records']} "
-            "eval sequences; lower --per_replica_batch_size or add evaluation data."
+    eval_files, eval_steps = None, 0
+    if eval_manifest:
+        eval_files, eval_steps = split_between_pipelines(
+            eval_manifest, "--eval_dataset", pipelines, per_pipeline_batch
         )
+        if eval_steps == 0:
+            raise UsageError(
+                f"the global batch of {global_batch_size} sequences is larger than the {eval_manifest['records']} "
+                "eval sequences; lower --per_replica_batch_size or add evaluation data."
+            )
     total_steps = args.num_epochs * steps_per_epoch
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
@@ -1144,22 +1256,36 @@ def main(args):
     if args.bfloat16:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = build_config(args, tokenizer, max_length)
-    prepare_output_dir(args, run_settings(args, config, train_manifest, global_batch_size, total_steps))
+    chief = is_chief(strategy)
+    if chief:
+        prepare_output_dir(args, run_settings(args, config, train_manifest, global_batch_size, total_steps))
+    wait_for_every_worker(strategy)  # nobody reads the checkpoints while the chief may still be clearing them
 
     def train_dataset_from(step):
+        """The training stream from optimizer step `step` on, each host reading its own shards."""
         epoch, batch = divmod(step, steps_per_epoch)
+
+        def pipeline_dataset(context):
+            return build_dataset(
+                train_files[context.input_pipeline_id], tokenizer, args, max_length,
+                context.get_per_replica_batch_size(global_batch_size), training=True, start_epoch=epoch,
+                start_batch=batch * replicas_per_pipeline, batches_per_epoch=steps_per_epoch * replicas_per_pipeline,
+                pipeline=context.input_pipeline_id,
+            )  # fmt: skip
+
+        return strategy.distribute_datasets_from_function(pipeline_dataset)
+
+    def eval_pipeline_dataset(context):
         return build_dataset(
-            train_manifest["files"], tokenizer, args, max_length, global_batch_size, training=True,
-            start_epoch=epoch, start_batch=batch,
+            eval_files[context.input_pipeline_id], tokenizer, args, max_length,
+            context.get_per_replica_batch_size(global_batch_size), training=False,
+            batches_per_epoch=eval_steps * replicas_per_pipeline, pipeline=context.input_pipeline_id,
         )  # fmt: skip
 
-    eval_dataset = (
-        build_dataset(eval_manifest["files"], tokenizer, args, max_length, global_batch_size, training=False)
-        if eval_manifest
-        else None
-    )
+    eval_dataset = strategy.distribute_datasets_from_function(eval_pipeline_dataset) if eval_manifest else None
     started = time.perf_counter()
-    callbacks = training_callbacks(args, tokenizer)  # before the model: a Hub problem should fail fast
+    # Before the model: a Hub problem should fail fast. Only the chief logs, plots and pushes.
+    callbacks = training_callbacks(args, tokenizer) if chief else []
     masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
     tokens_per_step = global_batch_size * max_length
     manager, start_step = restore_checkpoint(args, masked_lm, trainer.optimizer)
@@ -1170,6 +1296,12 @@ def main(args):
     )
     if start_step:
         print(f"Resuming from {manager.latest_checkpoint} at step {start_step} of {total_steps}.")
+    callbacks.append(tensorboard_callback(args, tokens_per_step, writes=chief))
+    if not chief:
+        # Saving a checkpoint may take part in the cluster's collective ops, so every worker saves; the
+        # others write into a scratch folder of their own, deleted at the end.
+        scratch = tempfile.mkdtemp(prefix="worker-checkpoints-")
+        manager = tf.train.CheckpointManager(manager.checkpoint, scratch, max_to_keep=1)
     try:
         logs = fit_exact_steps(
             trainer,
@@ -1179,7 +1311,7 @@ def main(args):
             steps_per_epoch,
             validation_data=eval_dataset,
             validation_steps=eval_steps or None,
-            callbacks=callbacks + [tensorboard_callback(args, tokens_per_step), checkpoint_callback(args, manager)],
+            callbacks=callbacks + [checkpoint_callback(args, manager)],
             verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
         )
     except tf.errors.DataLossError as error:
@@ -1189,11 +1321,15 @@ def main(args):
             f"{corrupt} is corrupt ({tf_error_text(error)}); rerun prepare_tfrecord_shards.py, "
             f"then this command: it resumes from the newest checkpoint in {args.output_dir}."
         ) from None
+    steps = int(trainer.optimizer.iterations.numpy())
+    if not chief:
+        tf.io.gfile.rmtree(manager.directory)
+        print(f"Worker done after {steps} steps; the chief saves the model.")
+        return trainer, logs
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
     save(masked_lm, tokenizer, args.output_dir)
     output_dir = args.output_dir.rstrip("/")
     plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
-    steps = int(trainer.optimizer.iterations.numpy())
     print(f"Saved the model and tokenizer to {args.output_dir}, the curves to {output_dir}/{CURVES_NAME}.")
     minutes = (time.perf_counter() - started) / 60
     print(summary_line(steps, tokens_per_step, logs, minutes) + (f" (resumed at step {start_step})" if start_step else ""))

@@ -98,7 +98,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     # It went back to the newest checkpoint, so at most one save interval of work was lost.
     assert f"ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout, rerun.stdout
-    assert f"after {total} steps" in rerun.stdout
+    assert f"Finished: {total:,} steps" in rerun.stdout
     assert latest_checkpoint_step(interrupted) == total
 
     # The curve file holds every epoch once: the interrupted epoch is logged when the resumed run ends it.
