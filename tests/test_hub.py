@@ -68,6 +68,18 @@ def test_train_unigram_pushes_the_tokenizer_and_a_card_in_one_commit(connect, co
     assert hub.unrouted == [] and set(hub.authorizations) == {f"Bearer {TOKEN}"}
 
 
+def test_train_unigram_meets_an_unusable_hub_before_training(connect, corpus, tmp_path, capsys):
+    output_dir = tmp_path / "tokenizer"
+    with FakeHub(TOKEN, fail_with=500) as hub:
+        connect(hub)
+        argv = ["--train_file", str(corpus["train"]), "--output_dir", str(output_dir)]
+        with pytest.raises(train_unigram.UsageError) as failure:
+            train_unigram.main(train_unigram.parse_args(argv + ["--push_to_hub", "--hub_model_id", "tester/unigram"]))
+    message = str(failure.value)
+    assert "\n" not in message and "--hub_model_id tester/unigram (HTTP 500 Internal Server Error" in message
+    assert "Training" not in capsys.readouterr().out and not output_dir.exists()
+
+
 def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     connect, shards_dir, tokenizer_dir, tokenizer, read_manifest, tmp_path, capsys
 ):
