@@ -39,6 +39,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 
@@ -165,7 +166,17 @@ def parse_args(argv=None):
         help="Write the training loss, accuracies, learning rate and tokens/s to TensorBoard (<output_dir>/logs) "
         "every this many optimizer steps (default: 50); evaluation is logged after every epoch.",
     )
-    training.add_argument("--hub_model_id", help="Push the model and tokenizer to this Hub repository.")
+    training.add_argument(
+        "--hub_model_id",
+        help="Push the model, its tokenizer and a model card to this Hub repository (namespace/name), over HTTP: "
+        "no git or git-lfs needed; the token comes from `hf auth login` or HF_TOKEN. The repository is created "
+        "(or found) before training. A snapshot is pushed at the end of every epoch, uploaded in the background "
+        "while training goes on (skipped if the previous push is still uploading); the final model is pushed at "
+        "the end, and the run waits for that push.",
+    )
+    training.add_argument(
+        "--hub_private", action="store_true", help="Create the --hub_model_id repository as private (if it is new)."
+    )
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
     hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
@@ -218,6 +229,10 @@ def check_args(args):
             f"--jit_compile cannot be combined with --cpu_replicas {args.cpu_replicas}: XLA on the CPU cannot "
             "reach variables placed on another logical device; run the two checks separately."
         )
+    if args.hub_private and not args.hub_model_id:
+        raise UsageError("--hub_private needs --hub_model_id (e.g. my-user/my-model).")
+    if args.hub_model_id is not None:
+        check_hub_model_id(args.hub_model_id)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -768,7 +783,7 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id):
         def call(self, features, training=False):
             return self.masked_logits(features, training)
 
-        def save_pretrained(self, *args, **kwargs):  # callbacks such as PushToHubCallback save self.model
+        def save_pretrained(self, *args, **kwargs):  # the Hub pushes save self.model
             return self.masked_lm.save_pretrained(*args, **kwargs)
 
     return MaskedLMTrainer()
@@ -799,10 +814,270 @@ def build_model(config, args, total_steps, strategy, mask_token_id):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Hub: the model card, and pushes over HTTP that never hold up training
+
+MODEL_CARD_NAME = "README.md"
+
+
+def check_hub_model_id(repo_id):
+    """A --hub_model_id the Hub would refuse is refused now, offline, before any work."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise UsageError(
+            f"--hub_model_id {repo_id} is not a Hub repository id ({first_line(error)}); use namespace/name, "
+            "e.g. my-user/roberta-from-scratch."
+        ) from None
+
+
+def hub_error_text(error):
+    """A Hub failure in one line: the HTTP status and the server's own words when there was a response.
+
+    huggingface_hub wraps a failed file upload in an error that names the file only; its cause holds the reason.
+    """
+    cause = error
+    while cause is not None and getattr(cause, "response", None) is None:
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return first_line(error)
+    response = cause.response
+    words = (getattr(cause, "server_message", None) or "").strip()
+    return f"HTTP {response.status_code} {response.reason}" + (f": {words.splitlines()[0]}" if words else "")
+
+
+class HubPusher:
+    """Pushes the run to a Hub repository with huggingface_hub's HTTP API (create_repo, upload_folder).
+
+    No git clone and no git-lfs: every push is one commit of a snapshot folder holding the model
+    (config.json, tf_model.h5), its tokenizer and the model card (README.md). The repository is created,
+    or found, when the pusher is made, so a wrong id or a missing login stops the run before anything is
+    built or written.
+
+    During training, push_in_background() writes a snapshot to a local staging folder on the training
+    thread (the weights must be read between steps) and uploads it from a worker thread while training
+    goes on. While that upload runs, further requests are skipped rather than queued: a queue could grow
+    without bound on a slow link, and only the newest weights matter. The worker is a daemon thread, so a
+    stuck upload can never keep a failed run from exiting. push_final() lets a running upload finish (so it
+    cannot land after the final model), then pushes the final model and waits for it.
+    """
+
+    def __init__(self, args, tokenizer, max_length, card):
+        from huggingface_hub import HfApi, get_token
+        from huggingface_hub.utils import disable_progress_bars
+
+        self.args, self.tokenizer, self.max_length, self.card = args, tokenizer, max_length, card
+        if get_token() is None:
+            raise UsageError(
+                f"--hub_model_id {args.hub_model_id} needs a Hub token with write access: run `hf auth login` "
+                "or set HF_TOKEN, or leave out --hub_model_id."
+            )
+        self.api = HfApi()
+        try:
+            # private=None leaves an existing repository as it is and lets the namespace's default decide.
+            repository = self.api.create_repo(args.hub_model_id, private=args.hub_private or None, exist_ok=True)
+        except Exception as error:  # HTTP errors, no network, offline mode: all mean no push is possible
+            raise UsageError(
+                f"could not create or find the Hub repository --hub_model_id {args.hub_model_id} "
+                f"({hub_error_text(error)}); check the id, that your token may write to its namespace "
+                "(`hf auth whoami`), and the network."
+            ) from None
+        self.repo_id = repository.repo_id  # a bare name gets the token owner's namespace
+        disable_progress_bars()  # upload bars from the worker thread would cut through Keras's progress lines
+        self.upload = None  # the worker thread of the latest background push
+        print(f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the final model last.")
+
+    def uploading(self):
+        return self.upload is not None and self.upload.is_alive()
+
+    def write_snapshot(self, folder, trainer, card_text):
+        """What a push publishes: the model, its tokenizer and the card, as save() lays them out."""
+        self.tokenizer.model_max_length = self.max_length  # the longest input the position table accepts
+        trainer.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
+            file.write(card_text)
+
+    def push_in_background(self, trainer, metrics, message):
+        """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True if started."""
+        if self.uploading():
+            return False
+        staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the run fail
+        self.write_snapshot(staging.name, trainer, self.card(trainer, metrics))
+        self.upload = threading.Thread(target=self.upload_snapshot, args=(staging, message), daemon=True)
+        self.upload.start()
+        return True
+
+    def upload_snapshot(self, staging, message):
+        try:
+            self.api.upload_folder(repo_id=self.repo_id, folder_path=staging.name, commit_message=message)
+            print(f"Pushed to {self.repo_id}: {message}")
+        except Exception as error:  # training goes on: the final push sends everything again
+            print(
+                f"run_mlm.py: warning: the Hub push '{message}' failed ({hub_error_text(error)}); training goes "
+                "on, and the final model is pushed at the end.",
+                file=sys.stderr,
+            )
+        finally:
+            staging.cleanup()
+
+    def push_final(self, trainer, card_text, message):
+        """Push the final model and wait; a failure is one line, and the model stays saved in --output_dir."""
+        if self.uploading():
+            print("Waiting for the previous Hub push to finish before pushing the final model.")
+            self.upload.join()
+        try:
+            with tempfile.TemporaryDirectory(prefix="hub-push-") as staging:
+                self.write_snapshot(staging, trainer, card_text)
+                commit = self.api.upload_folder(repo_id=self.repo_id, folder_path=staging, commit_message=message)
+        except Exception as error:
+            output_dir = self.args.output_dir
+            local_copy = " (from a local copy)" if "://" in output_dir else ""
+            raise UsageError(
+                f"the model is saved in {output_dir}, but pushing it to --hub_model_id {self.repo_id} failed "
+                f"({hub_error_text(error)}); push it later with `hf upload {self.repo_id} {output_dir} "
+                f"--exclude 'checkpoints/*'`{local_copy}."
+            ) from None
+        print(f"Pushed the final model, its tokenizer and model card to the Hub: {commit.commit_url}")
+
+
+def model_card(args, config, tokenizer, manifests, global_batch_size, total_steps, trainer, metrics):
+    """The model card (README.md): what the model is, its data, its settings and its results so far.
+
+    `manifests` are the train and evaluation manifests (the second may be None), `trainer` the fitted model
+    (its optimizer counts the steps taken, in this process or before a resume) and `metrics` the figures
+    of the latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
+    """
+    train_manifest, eval_manifest = manifests
+    steps = int(trainer.optimizer.iterations.numpy())
+    max_length = train_manifest["max_length"]
+    steps_per_epoch = train_manifest["records"] // global_batch_size
+    warmup_steps = int(args.warmup_ratio * total_steps)
+    name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
+    where = args.hub_model_id or args.output_dir
+    mask = tokenizer.mask_token
+
+    def number(key, digits=4):
+        value = metrics.get(key)
+        return "–" if value is None else f"{float(value):.{digits}f}"
+
+    def percent(key):
+        value = metrics.get(key)
+        return "–" if value is None else f"{100 * float(value):.2f}%"
+
+    train_perplexity = math.exp(min(float(metrics["loss"]), 50.0)) if "loss" in metrics else None
+    if steps >= total_steps:
+        status = f"Training finished after {steps:,} optimizer steps."
+    else:
+        status = (
+            f"**Training in progress**: this snapshot was taken after step {steps:,} of {total_steps:,}. The "
+            "weights and this card are replaced at every push, and by the final model at the end."
+        )
+    data_rows = [("train", args.train_dataset, train_manifest)]
+    if eval_manifest is not None:
+        data_rows.append(("evaluation", args.eval_dataset, eval_manifest))
+    data_table = "\n".join(
+        f"| {split} | `{folder}` | {manifest.get('source', '–')} | {manifest['records']:,} | "
+        f"{manifest['records'] * manifest['max_length']:,} |"
+        for split, folder, manifest in data_rows
+    )
+    evaluation_note = (
+        "" if eval_manifest is not None else "\nNo evaluation shards were given, so there are no evaluation figures.\n"
+    )
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags:",
+        "- fill-mask",
+        "- tensorflow",
+        "- masked-language-modeling",
+        f"- {config.model_type}",
+        "- pretrained-from-scratch",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A {config.model_type} masked language model with {trainer.masked_lm.count_params():,} parameters, "
+        "pretrained from scratch (random initial weights, no checkpoint of another model) by `run_mlm.py` with "
+        "Keras `fit`: the last step of a TensorFlow pipeline whose first steps train a Unigram tokenizer "
+        "(`train_unigram.py`) and pack text into TFRecord shards (`prepare_tfrecord_shards.py`). The weights "
+        "are TensorFlow's (`tf_model.h5`).",
+        "",
+        status,
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf")',
+        f'print(fill_mask("The river runs under the old {mask} of the city."))',
+        "```",
+        "",
+        "In PyTorch, load it with `AutoModelForMaskedLM.from_pretrained(..., from_tf=True)`.",
+        "",
+        "## Training data",
+        "",
+        "| split | shards | source | sequences | tokens |",
+        "|---|---|---|---|---|",
+        data_table,
+        "",
+        f"Each sequence holds {max_length} tokens, none of them padding. How the shards were packed, in their "
+        f"manifest's words: {train_manifest.get('packing', 'not recorded')}. Tokenizer: `{args.tokenizer}`, "
+        f"{len(tokenizer):,} tokens in its vocabulary.",
+        "",
+        "## Training procedure",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| architecture | {config.model_type} |",
+        f"| layers / hidden size / attention heads | {config.num_hidden_layers} / {config.hidden_size} / "
+        f"{config.num_attention_heads} |",
+        f"| feed-forward size / position embeddings | {config.intermediate_size} / {config.max_position_embeddings} |",
+        f"| batch | {global_batch_size} sequences of {max_length} tokens ({args.per_replica_batch_size} per replica, "
+        f"{global_batch_size // args.per_replica_batch_size} replica(s)) |",
+        f"| steps | {total_steps:,} ({steps_per_epoch:,} per epoch) |",
+        f"| optimizer | AdamW, weight decay {args.weight_decay_rate} (not on biases and layer norms) |",
+        f"| learning rate | peak {args.learning_rate:g}, linear warmup over {warmup_steps:,} steps "
+        f"({args.warmup_ratio:g} of them), then linear decay to 0 |",
+        f"| masking | {args.mlm_probability:.0%} of the non-special tokens of each sequence: 80% become "
+        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch |",
+        f"| loss | cross-entropy at the masked positions ({args.mlm_head} LM head) |",
+        f"| precision | {'mixed bfloat16' if args.bfloat16 else 'float32'} |",
+        f"| seed | {args.seed} |",
+        "",
+        "## Results",
+        "",
+        f"After {steps:,} steps, {steps * global_batch_size * max_length:,} tokens seen. Train figures are the "
+        "means over the last epoch; all of them count the masked positions only.",
+        "",
+        "| metric | train | evaluation |",
+        "|---|---|---|",
+        f"| masked-LM loss | {number('loss')} | {number('val_loss')} |",
+        f"| perplexity | {'–' if train_perplexity is None else f'{train_perplexity:.2f}'} | "
+        f"{number('val_perplexity', 2)} |",
+        f"| masked accuracy (every labelled position) | {percent('masked_accuracy')} | "
+        f"{percent('val_masked_accuracy')} |",
+        f"| accuracy at `{mask}` | {percent('mask_token_accuracy')} | {percent('val_mask_token_accuracy')} |",
+        evaluation_note,
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(card_text, output_dir):
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/{MODEL_CARD_NAME}", "w") as file:
+        file.write(card_text)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Training loop helpers
 
 
-def training_callbacks(args, tokenizer):
+def training_callbacks(args, hub=None, total_steps=None):
     import tf_keras
 
     class EpochSummary(tf_keras.callbacks.Callback):
@@ -827,19 +1102,8 @@ def training_callbacks(args, tokenizer):
         # One row per epoch, appended across resumed runs: the whole run's curve in one file.
         tf_keras.callbacks.CSVLogger(f"{args.output_dir.rstrip('/')}/{TRAINING_LOG_NAME}", append=True),
     ]
-    if args.hub_model_id:
-        from transformers import PushToHubCallback
-
-        # The callback works in a local git clone of the Hub repository; a gs:// output gets a local one.
-        clone_dir = tempfile.mkdtemp(prefix="hub-") if args.output_dir.startswith("gs://") else args.output_dir
-        try:
-            callback = PushToHubCallback(output_dir=clone_dir, hub_model_id=args.hub_model_id, tokenizer=tokenizer)
-        except Exception as error:  # network, credentials, git or git-lfs missing: all end here
-            raise UsageError(
-                f"could not set up pushing to --hub_model_id {args.hub_model_id}: {first_line(error)}; "
-                "check the id, `huggingface-cli login` and that git-lfs is installed."
-            ) from None
-        callbacks.append(callback)
+    if hub is not None:
+        callbacks.append(hub_push_callback(hub, total_steps))
     return callbacks
 
 
@@ -979,6 +1243,23 @@ def summary_line(steps, tokens_per_step, logs, minutes):
         parts.append(f"train loss {final['loss']:.4f} (no --eval_dataset)")
     parts.append(f"wall time {minutes:.1f} min")
     return "Finished: " + ", ".join(parts) + "."
+
+
+def hub_push_callback(hub, total_steps):
+    import tf_keras
+
+    class PushAtEpochEnd(tf_keras.callbacks.Callback):
+        """Push a snapshot at each epoch end, in the background; none at the last, which the final push covers."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if step >= total_steps:
+                return
+            message = f"Epoch {epoch + 1}: step {step} of {total_steps}"
+            if not hub.push_in_background(self.model, dict(logs or {}), message):
+                print(f"Skipped the Hub push of epoch {epoch + 1}: the previous push is still uploading.")
+
+    return PushAtEpochEnd()
 
 
 def checkpoint_callback(args, manager):
@@ -1257,6 +1538,13 @@ def main(args):
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = build_config(args, tokenizer, max_length)
     chief = is_chief(strategy)
+
+    def card(trainer, metrics):  # the model card of this run, once `trainer` has taken its steps so far
+        manifests = (train_manifest, eval_manifest)
+        return model_card(args, config, tokenizer, manifests, global_batch_size, total_steps, trainer, metrics)
+
+    # Before anything is written or built: a Hub problem (bad id, no login, no network) should fail fast.
+    hub = HubPusher(args, tokenizer, max_length, card) if args.hub_model_id and chief else None
     if chief:
         prepare_output_dir(args, run_settings(args, config, train_manifest, global_batch_size, total_steps))
     wait_for_every_worker(strategy)  # nobody reads the checkpoints while the chief may still be clearing them
@@ -1284,8 +1572,7 @@ def main(args):
 
     eval_dataset = strategy.distribute_datasets_from_function(eval_pipeline_dataset) if eval_manifest else None
     started = time.perf_counter()
-    # Before the model: a Hub problem should fail fast. Only the chief logs, plots and pushes.
-    callbacks = training_callbacks(args, tokenizer) if chief else []
+    callbacks = training_callbacks(args, hub, total_steps) if chief else []  # only the chief logs and pushes
     masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
     tokens_per_step = global_batch_size * max_length
     manager, start_step = restore_checkpoint(args, masked_lm, trainer.optimizer)
@@ -1328,11 +1615,15 @@ def main(args):
         return trainer, logs
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
     save(masked_lm, tokenizer, args.output_dir)
+    final_card = card(trainer, {key: values[-1] for key, values in logs.items()})
+    write_model_card(final_card, args.output_dir)
     output_dir = args.output_dir.rstrip("/")
     plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
     print(f"Saved the model and tokenizer to {args.output_dir}, the curves to {output_dir}/{CURVES_NAME}.")
     minutes = (time.perf_counter() - started) / 60
     print(summary_line(steps, tokens_per_step, logs, minutes) + (f" (resumed at step {start_step})" if start_step else ""))
+    if hub is not None:
+        hub.push_final(trainer, final_card, f"Final model: {steps} steps")
     return trainer, logs
 
 

@@ -79,7 +79,12 @@ def parse_args(argv=None):
     hub.add_argument(
         "--push_to_hub", "--export_to_hub", dest="push_to_hub", action="store_true", help="Also push to the Hub."
     )
-    hub.add_argument("--hub_model_id", help="Hub repository to push to, e.g. my-user/my-tokenizer.")
+    hub.add_argument(
+        "--hub_model_id",
+        help="Hub repository to push to, e.g. my-user/my-tokenizer: created (or found) before training, then one "
+        "commit over HTTP (no git needed) with the tokenizer files and a short README.md.",
+    )
+    hub.add_argument("--hub_private", action="store_true", help="Create the repository as private (if it is new).")
     return parser.parse_args(argv)
 
 
@@ -95,6 +100,10 @@ def check_args(args):
         raise UsageError(f"--batch_size {args.batch_size} must be positive.")
     if args.push_to_hub and not args.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id (e.g. my-user/my-tokenizer).")
+    if args.hub_private and not args.push_to_hub:
+        raise UsageError("--hub_private only applies with --push_to_hub.")
+    if args.push_to_hub:
+        check_hub_model_id(args.hub_model_id)
     if args.train_file is not None:
         if os.path.isdir(args.train_file):
             raise UsageError(f"--train_file {args.train_file} is a folder; pass a path to a text corpus file.")
@@ -390,7 +399,8 @@ def wrap_for_transformers(tokenizer):
 
 
 def save(tokenizer, output_dir):
-    """Write the tokenizer folder so that an interruption never leaves one that looks finished.
+    """Write the tokenizer folder so that an interruption never leaves one that looks finished; returns the
+    names of the files written.
 
     Everything is written to a temporary folder beside the output, then moved in, tokenizer.json last: the
     folder counts as holding a tokenizer once it has tokenizer.json, and by then every other file is there.
@@ -398,30 +408,131 @@ def save(tokenizer, output_dir):
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
         tokenizer.save_pretrained(staging)
-        for name in sorted(os.listdir(staging), key=lambda name: (name == "tokenizer.json", name)):
+        names = sorted(os.listdir(staging), key=lambda name: (name == "tokenizer.json", name))
+        for name in names:
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))  # atomic on one filesystem
+    return names
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hub: one commit over HTTP (huggingface_hub's HfApi), no git
+
+
+def check_hub_model_id(repo_id):
+    """An id the Hub would refuse is refused now, offline, before any work."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise UsageError(
+            f"--hub_model_id {repo_id} is not a Hub repository id ({str(error).strip()}); use namespace/name, "
+            "e.g. my-user/my-tokenizer."
+        ) from None
+
+
+def hub_error_text(error):
+    """A Hub failure in one line: the HTTP status and the server's own words when there was a response."""
+    cause = error
+    while cause is not None and getattr(cause, "response", None) is None:
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return first_line(error)
+    response = cause.response
+    words = (getattr(cause, "server_message", None) or "").strip()
+    return f"HTTP {response.status_code} {response.reason}" + (f": {words.splitlines()[0]}" if words else "")
+
+
+def open_hub_repository(args):
+    """Create the --hub_model_id repository, or find it, before training: a Hub problem should cost no work.
+
+    transformers' tokenizer.push_to_hub() would also commit over HTTP, but only after training, and it saves
+    into a folder of the current directory named like the repository when there is one; this pushes the
+    files save() wrote instead. Returns the full repository id (a bare name gets the token owner's namespace).
+    """
+    from huggingface_hub import HfApi, get_token
+
+    if get_token() is None:
+        raise UsageError(
+            f"--push_to_hub needs a Hub token with write access: run `hf auth login` or set HF_TOKEN "
+            f"(--hub_model_id {args.hub_model_id})."
+        )
+    try:
+        repository = HfApi().create_repo(args.hub_model_id, private=args.hub_private or None, exist_ok=True)
+    except Exception as error:  # HTTP errors, no network, offline mode: all mean no push is possible
+        raise UsageError(
+            f"could not create or find the Hub repository --hub_model_id {args.hub_model_id} "
+            f"({hub_error_text(error)}); check the id, that your token may write to its namespace "
+            "(`hf auth whoami`), and the network."
+        ) from None
+    return repository.repo_id
+
+
+def tokenizer_card(args, repo_id, tokenizer, counts):
+    """A short README.md for the tokenizer's repository."""
+    special = ", ".join(f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in SPECIAL_TOKENS)
+    return "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            "tags:",
+            "- tokenizer",
+            "- unigram",
+            "---",
+            "",
+            f"# {repo_id}",
+            "",
+            f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 tokenizers by "
+            f"`train_unigram.py` on {describe_source(args)} ({counts['texts']:,} non-blank texts of "
+            f"{counts['rows']:,} rows), for masked-language-model pretraining.",
+            "",
+            "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer (`▁` marks the "
+            "start of a word), and each text becomes `[CLS] tokens [SEP]`. Special tokens (ids): "
+            f"{special}; `[MASK]` absorbs the space before it, as the word it stands for does.",
+            "",
+            "```python",
+            "from transformers import AutoTokenizer",
+            "",
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+            "```",
+            "",
+        ]
+    )
+
+
+def push_tokenizer(args, repo_id, tokenizer, names, counts):
+    """One commit: the files save() wrote to --output_dir and the card."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    card = tokenizer_card(args, repo_id, tokenizer, counts)
+    operations = [CommitOperationAdd(name, os.path.join(args.output_dir, name)) for name in names]
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode("utf-8")))
+    try:
+        message = f"Unigram tokenizer, {len(tokenizer)} tokens"
+        commit = HfApi().create_commit(repo_id, operations, commit_message=message)
+    except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
+        raise UsageError(
+            f"the tokenizer is saved in {args.output_dir}, but pushing it to --hub_model_id {repo_id} failed "
+            f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} {args.output_dir}`."
+        ) from None
+    return commit
 
 
 def main(args):
     check_args(args)
+    repo_id = open_hub_repository(args) if args.push_to_hub else None
     rows = corpus_rows(args)
     print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {describe_source(args)}.")
     counts = collections.Counter()
     tokenizer = wrap_for_transformers(train_tokenizer(args, rows, counts))
-    save(tokenizer, args.output_dir)
+    names = save(tokenizer, args.output_dir)
     print(
         f"Saved the tokenizer ({len(tokenizer)} tokens), learned from {counts['texts']} non-blank of "
         f"{counts['rows']} rows, to {args.output_dir}"
     )
-    if args.push_to_hub:
-        try:
-            tokenizer.push_to_hub(args.hub_model_id)
-        except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
-            raise UsageError(
-                f"the tokenizer is saved in {args.output_dir}, but pushing it to --hub_model_id "
-                f"{args.hub_model_id} failed: {first_line(error)}; check `huggingface-cli login` and the id."
-            ) from None
-        print(f"Pushed the tokenizer to the Hub as {args.hub_model_id}")
+    if repo_id is not None:
+        commit = push_tokenizer(args, repo_id, tokenizer, names, counts)
+        print(f"Pushed the tokenizer to the Hub: {commit.commit_url}")
     return tokenizer
 
 

@@ -1,42 +1,21 @@
 """Nothing reaches the Hub unless asked, no Hub token is printed or saved, remote code stays off by default."""
 
-import http.server
-import threading
-
 import pytest
 
 import prepare_tfrecord_shards
 import run_mlm
 import train_unigram
 from conftest import TINY_MODEL, VOCAB_SIZE
+from fake_hub import FakeHub, use_fake_hub
 
 TOKEN = "hf_sentinelTokenThatMustNeverBeWrittenAnywhere"
 
 
 @pytest.fixture
 def fake_hub():
-    """A loopback server standing in for the Hub: it answers 404 to everything and remembers each request."""
-    requests = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def handle_one_request(self):
-            super().handle_one_request()
-            if self.requestline:
-                requests.append(self.requestline)
-
-        def do_GET(self):
-            self.send_error(404)
-
-        do_HEAD = do_POST = do_PUT = do_GET
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", requests
-    server.shutdown()
+    """A loopback stand-in for the Hub (tests/fake_hub.py) that accepts TOKEN and records every request."""
+    with FakeHub(TOKEN) as hub:
+        yield hub
 
 
 @pytest.mark.parametrize(
@@ -53,12 +32,9 @@ def test_remote_code_is_off_unless_asked_for(module, argv):
 
 
 def test_the_pipeline_talks_to_no_hub_and_writes_no_token(run_script, corpus, fake_hub, tmp_path, monkeypatch):
-    endpoint, requests = fake_hub
-    # The subprocesses inherit these: a Hub at a loopback address that records every request, and a token.
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # conftest.py sets them
-        monkeypatch.delenv(offline, raising=False)  # online, so a request the scripts make would show
+    # The subprocesses inherit a Hub at a loopback address that records every request, a token, and online
+    # mode (conftest.py sets offline mode), so a request the scripts make would show.
+    use_fake_hub(monkeypatch, fake_hub)
     tokenizer, shards, model = tmp_path / "tokenizer", tmp_path / "shards", tmp_path / "model"
     steps = [
         ("train_unigram.py", "--train_file", corpus["train"], "--vocab_size", VOCAB_SIZE, "--output_dir", tokenizer),
@@ -71,17 +47,21 @@ def test_the_pipeline_talks_to_no_hub_and_writes_no_token(run_script, corpus, fa
         result = run_script(script, *args)
         assert result.returncode == 0, result.stderr[-3000:]
         assert TOKEN not in result.stdout and TOKEN not in result.stderr, script
-    assert requests == []  # no push was asked for, and everything else is local
+    assert fake_hub.requests == []  # no push was asked for, and everything else is local
     written = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert any(path.name == "tf_model.h5" for path in written)
     for path in written:
         assert TOKEN.encode() not in path.read_bytes(), path
 
-    # The fake Hub does see a push that was asked for, and the failure message does not echo the token.
+    # A push that was asked for reaches the fake Hub, which sees the token in the Authorization header only:
+    # not in the output, nor in a pushed file.
     pushed = run_script(
         "train_unigram.py", "--train_file", corpus["train"], "--vocab_size", VOCAB_SIZE,
-        "--output_dir", tmp_path / "pushed", "--push_to_hub", "--hub_model_id", "someone/tokenizer",
+        "--output_dir", tmp_path / "pushed", "--push_to_hub", "--hub_model_id", "tester/tokenizer",
     )  # fmt: skip
-    assert pushed.returncode == 1 and "pushing it to --hub_model_id someone/tokenizer failed" in pushed.stderr
-    assert requests, "the push never reached the loopback Hub, so the check above proves nothing"
+    assert pushed.returncode == 0, pushed.stderr[-3000:]
+    (commit,) = fake_hub.commits("tester/tokenizer")
+    assert set(fake_hub.authorizations) == {f"Bearer {TOKEN}"}
     assert TOKEN not in pushed.stdout and TOKEN not in pushed.stderr
+    for name, content in commit.files.items():
+        assert TOKEN.encode() not in content, name
