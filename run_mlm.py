@@ -4,7 +4,10 @@
 The shards come from prepare_tfrecord_shards.py and the tokenizer from train_unigram.py. Masking happens
 in tf.data with TF ops (dynamic: new masks every epoch for training, fixed masks for evaluation), the model
 is a transformers TF masked LM (RoBERTa by default) trained with model.fit, and the result is saved with
-its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the folder alone.
+its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the folder alone: in transformers 5
+with PyTorch through model.safetensors, a PyTorch copy of the weights written without torch (--no_pytorch_export
+skips it), and in this TF environment through tf_model.h5, given `model_kwargs={"use_safetensors": False}`
+(transformers 4.57's TF loader prefers model.safetensors but fails on PyTorch-format files).
 
     # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train --eval_dataset gs://my-bucket/shards/validation \
@@ -134,6 +137,13 @@ def parse_args(argv=None):
     training = parser.add_argument_group("training")
     training.add_argument("--output_dir", required=True, help="Where the model and tokenizer are saved.")
     training.add_argument("--overwrite_output_dir", action="store_true", help="Replace a finished run there.")
+    training.add_argument(
+        "--no_pytorch_export",
+        action="store_true",
+        help="Save the TF weights only. By default --output_dir also gets model.safetensors, a PyTorch copy that "
+        "transformers 5 (which has no TF models) and PyTorch load; written for roberta, roberta-prelayernorm "
+        "and bert configs, other model types need this flag.",
+    )
     training.add_argument("--per_replica_batch_size", type=int, default=8, help="Sequences per replica per step.")
     training.add_argument("--num_epochs", type=int, default=1, help="Passes over the train shards (default: 1).")
     training.add_argument("--max_steps", type=int, help="Stop after this many optimizer steps in all.")
@@ -895,6 +905,8 @@ class HubPusher:
         """What a push publishes: the model, its tokenizer and the card, as save() lays them out."""
         self.tokenizer.model_max_length = self.max_length  # the longest input the position table accepts
         trainer.save_pretrained(folder)
+        if not self.args.no_pytorch_export:  # what transformers 5 users on the Hub load
+            write_pytorch_copy(trainer.masked_lm, folder)
         self.tokenizer.save_pretrained(folder)
         with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
             file.write(card_text)
@@ -1465,7 +1477,71 @@ def restore_checkpoint(args, masked_lm, optimizer):
     return manager, int(optimizer.iterations.numpy())
 
 
-def save(model, tokenizer, output_dir):
+# The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5 and checks against the TF
+# model. The name mapping is generic, but a type joins this list only once that test covers it.
+PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
+PYTORCH_WEIGHTS_NAME = "model.safetensors"
+
+
+def check_pytorch_export(args, config):
+    """Refuse before training a config whose PyTorch copy would be unverified or a different model."""
+    if args.no_pytorch_export:
+        return
+    if config.model_type not in PYTORCH_EXPORT_MODEL_TYPES:
+        raise UsageError(
+            f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for {', '.join(PYTORCH_EXPORT_MODEL_TYPES)} "
+            f"models only, not {config.model_type}; pass --no_pytorch_export to save the TF weights alone."
+        )
+    if not config.tie_word_embeddings:
+        raise UsageError(
+            "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share the word "
+            "embeddings with the LM head whatever it says, and a PyTorch model built from that config would "
+            "not; drop it from the config, or pass --no_pytorch_export."
+        )
+
+
+def pytorch_state_dict(masked_lm):
+    """The TF masked LM's weights under PyTorch transformers' names and layouts, as numpy arrays.
+
+    transformers' own TF-to-PyTorch mapping (the one behind from_pretrained(..., from_tf=True)) names each TF
+    variable and says whether it is stored transposed: a Keras Dense kernel is (in, out), a torch Linear
+    weight (out, in). Tied weights are written once, as PyTorch's save_pretrained writes them: the TF LM
+    head reuses the word embeddings, and PyTorch ties its decoder to them (and the decoder's bias to the
+    head's `bias`) when it loads, so the file holds e.g. `lm_head.bias` but no `lm_head.decoder.*`.
+    """
+    from transformers.modeling_tf_pytorch_utils import TransposeType, convert_tf_weight_name_to_pt_weight_name
+
+    config = masked_lm.config
+    # TF RoBERTa numbers positions from a padding index fixed at 1, PyTorch RoBERTa from pad_token_id: with
+    # another id every position would shift in PyTorch. build_config() refuses it; never write such a copy.
+    if config.model_type in FIXED_PADDING_INDEX_MODELS and config.pad_token_id != 1:
+        raise UsageError(
+            f"cannot write {PYTORCH_WEIGHTS_NAME}: pad_token_id is {config.pad_token_id}, but TF "
+            f"{config.model_type} assumes 1, so PyTorch would number the positions differently; rerun with "
+            "--no_pytorch_export to save the TF weights alone."
+        )
+    state_dict = {}
+    for weight in masked_lm.weights:
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(weight.name, tf_weight_shape=weight.shape)
+        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):  # convolutions: no supported model has any
+            raise ValueError(f"the TF weight {weight.name} needs a {transpose.value} transpose, not handled here")
+        if name in state_dict:
+            raise ValueError(f"two TF weights map to the PyTorch name {name}")
+        array = weight.numpy()
+        state_dict[name] = array.T.copy() if transpose is TransposeType.SIMPLE else array
+    return state_dict
+
+
+def write_pytorch_copy(masked_lm, folder):
+    """model.safetensors with PyTorch names and layouts: transformers 5 loads it, and no torch is needed here."""
+    from safetensors.numpy import save_file
+
+    # "pt": transformers 5 loads PyTorch-format files only. transformers 4.57's TF loader fails on them (its bug,
+    # never to be fixed), so TF users of the folder load tf_model.h5 with use_safetensors=False.
+    save_file(pytorch_state_dict(masked_lm), os.path.join(folder, PYTORCH_WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def save(model, tokenizer, output_dir, pytorch_export=True):
     """Write the model and tokenizer so that an interruption can never leave a folder that looks finished.
 
     save_pretrained() writes through the local filesystem, so everything is written to a staging folder
@@ -1482,6 +1558,8 @@ def save(model, tokenizer, output_dir):
     with tempfile.TemporaryDirectory(dir=output_dir if local else None, prefix=".saving-") as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        if pytorch_export:  # staged like the rest, so it is published before config.json
+            write_pytorch_copy(model, staging)
         for name in sorted(os.listdir(staging), key=lambda name: (name == FINISHED_RUN_MARKER, name)):
             source, target = os.path.join(staging, name), f"{output_dir}/{name}"
             if local:
@@ -1537,6 +1615,7 @@ def main(args):
     if args.bfloat16:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = build_config(args, tokenizer, max_length)
+    check_pytorch_export(args, config)
     chief = is_chief(strategy)
 
     def card(trainer, metrics):  # the model card of this run, once `trainer` has taken its steps so far
@@ -1614,7 +1693,7 @@ def main(args):
         print(f"Worker done after {steps} steps; the chief saves the model.")
         return trainer, logs
     tokenizer.model_max_length = max_length  # the longest input the position table accepts
-    save(masked_lm, tokenizer, args.output_dir)
+    save(masked_lm, tokenizer, args.output_dir, pytorch_export=not args.no_pytorch_export)
     final_card = card(trainer, {key: values[-1] for key, values in logs.items()})
     write_model_card(final_card, args.output_dir)
     output_dir = args.output_dir.rstrip("/")

@@ -74,7 +74,9 @@ def read_log(output_dir):
 def final_weights(output_dir):
     from transformers import TFAutoModelForMaskedLM
 
-    return [weight.numpy() for weight in TFAutoModelForMaskedLM.from_pretrained(str(output_dir)).weights]
+    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors) beside it.
+    model = TFAutoModelForMaskedLM.from_pretrained(str(output_dir), use_safetensors=False)
+    return [weight.numpy() for weight in model.weights]
 
 
 def main():
