@@ -157,3 +157,36 @@ def test_a_whole_run_prints_no_tensorflow_log(run_script, shards_dir, tokenizer_
     tensorflow_log = re.compile(r"^(WARNING: All log messages before absl|[IWEF]\d{4} \d\d:\d\d:)", re.MULTILINE)
     assert not tensorflow_log.search(result.stderr), result.stderr[-3000:]
     assert "TensorFlow and JAX classes are deprecated" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("script", ["train_unigram.py", "prepare_tfrecord_shards.py", "run_mlm.py"])
+def test_help_is_complete_and_loads_no_heavy_library(script):
+    """--help must answer at once: it may not load TensorFlow, transformers or datasets, and every flag says
+    what it does."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, subprocess_env
+
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = [{script!r}, '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(REPO / script)!r}, run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = sorted({'tensorflow', 'tf_keras', 'transformers', 'datasets', 'tokenizers'} & set(sys.modules))\n"
+        "print('LOADED', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stdout, result.stdout[-500:]
+    flags = re.findall(r"^  (--\w+)(.*)$", result.stdout, re.MULTILINE)
+    assert len(flags) > 5
+    # argparse puts the help text on the flag's line or indents it on the next one; a flag without either
+    # is followed directly by the next flag.
+    lines = result.stdout.splitlines()
+    for index, line in enumerate(lines):
+        if re.match(r"^  --\w+", line) and not re.search(r"\s{2,}\S", line.strip()[2:]):
+            following = lines[index + 1] if index + 1 < len(lines) else ""
+            assert following.startswith(" " * 10) and following.strip(), f"{script}: {line.strip()} has no help"
