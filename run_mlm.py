@@ -936,12 +936,17 @@ class HubPusher:
 
     def push_final(self, trainer, card_text, message):
         """Push the final model and wait; a failure is one line, and the model stays saved in --output_dir."""
+        import tensorflow as tf
+
         if self.uploading():
             print("Waiting for the previous Hub push to finish before pushing the final model.")
             self.upload.join()
         try:
             with tempfile.TemporaryDirectory(prefix="hub-push-") as staging:
                 self.write_snapshot(staging, trainer, card_text)
+                curves = f"{self.args.output_dir.rstrip('/')}/{CURVES_NAME}"
+                if tf.io.gfile.exists(curves):  # the final push shows how training went
+                    tf.io.gfile.copy(curves, os.path.join(staging, CURVES_NAME))
                 commit = self.api.upload_folder(repo_id=self.repo_id, folder_path=staging, commit_message=message)
         except Exception as error:
             output_dir = self.args.output_dir
