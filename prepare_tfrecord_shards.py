@@ -297,7 +297,7 @@ def describe_source(args):
 
 
 class SplitTally:
-    """What reading the split finds out: how many rows it has (the first --limit), blank ones included. A
+    """What reading the split finds out: how many rows it has (at most --limit), blank ones included. A
     downloaded split knows at once; a stream, once it has been read to its end."""
 
     def __init__(self):
@@ -338,6 +338,7 @@ def streamed_blocks(rows, args, tally):
 
 
 def counted(rows, tally):
+    """The rows, counted into `tally` as they go by: every worker reads them all, and the parts must agree."""
     for row in rows:
         tally.rows += 1
         yield row

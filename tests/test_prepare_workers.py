@@ -138,7 +138,9 @@ def copy_of(folder, tmp_path):
     return tmp_path / "shards"
 
 
-def test_two_worker_processes_and_a_merge_write_what_a_single_run_writes(corpus, tokenizer_dir, single_run, tmp_path):
+def test_two_worker_processes_and_a_merge_write_what_a_single_run_writes(
+    corpus, tokenizer_dir, single_run, tmp_path, read_manifest
+):
     output_dir = tmp_path / "shards"
     # Both at once, as on two machines; --num_proc changes nothing in the output, so each may choose its own.
     workers = [
@@ -155,13 +157,13 @@ def test_two_worker_processes_and_a_merge_write_what_a_single_run_writes(corpus,
     split_dir = output_dir / "train"
     parts = [json.loads((split_dir / name).read_text()) for name in PARTS]
     assert not (split_dir / "manifest.json").exists(), "only the merge may write the manifest"
-    blocks = json.loads(single_run[1]["train/manifest.json"])["blocks"]
+    blocks = read_manifest(single_run[0] / "train")["blocks"]
     for index, part in enumerate(parts):
         assert [block["block"] for block in part["blocks"]] == list(range(index, blocks, 2))
 
     merged = run_in_process(merge_argv(output_dir))
     assert_same_files(files_in(output_dir), single_run[1])  # the parts are gone, the shards and manifest the same
-    assert merged == json.loads(single_run[1]["train/manifest.json"])
+    assert merged == read_manifest(output_dir / "train") == read_manifest(single_run[0] / "train")
 
 
 def packed_by_blocks(tokenizer, path, rows_per_block, max_length):
@@ -178,9 +180,9 @@ def packed_by_blocks(tokenizer, path, rows_per_block, max_length):
     return sequences, dropped
 
 
-def test_each_block_is_packed_on_its_own(single_run, tokenizer, corpus, read_records):
+def test_each_block_is_packed_on_its_own(single_run, tokenizer, corpus, read_manifest, read_records):
     output_dir, files = single_run
-    manifest = json.loads(files["train/manifest.json"])
+    manifest = read_manifest(output_dir / "train")
     expected, dropped = packed_by_blocks(tokenizer, corpus["train"], ROWS_PER_BLOCK, MAX_LENGTH)
     assert read_records([output_dir / "train" / shard["file"] for shard in manifest["shards"]]) == expected
     assert manifest["dropped_tokens"] == dropped and manifest["records"] == len(expected)
