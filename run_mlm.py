@@ -367,10 +367,10 @@ def read_manifest(folder, flag):
     if not tf.io.gfile.exists(path):
         splits = [s for s in ("train", "validation", "test") if tf.io.gfile.exists(f"{folder}/{s}/{MANIFEST_NAME}")]
         hint = f" (did you mean {folder}/{splits[0]}?)" if splits else ""
-        raise UsageError(
-            f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; "
-            "run prepare_tfrecord_shards.py to completion first."
-        )
+        todo = "run prepare_tfrecord_shards.py to completion first"
+        if tf.io.gfile.glob(f"{folder}/manifest-*-of-*.json"):  # parts of several workers, not yet merged
+            todo = "its workers' parts are not merged yet: run prepare_tfrecord_shards.py --merge first"
+        raise UsageError(f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}.")
     try:
         with tf.io.gfile.GFile(path) as file:
             manifest = json.load(file)

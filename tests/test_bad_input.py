@@ -166,6 +166,27 @@ FLAG_CASES = [
         PREPARE + " --train_file {not_utf8} --batch_size 5 --shard_size 5",
         "{not_utf8}", "not UTF-8", "line {not_utf8_line}", "0xe9",
     ),  # fmt: skip
+    case("prepare: --rows_per_block 0", PREPARE + " --rows_per_block 0", "--rows_per_block 0"),
+    case("prepare: --num_workers 0", PREPARE + " --num_workers 0", "--num_workers 0"),
+    case("prepare: --num_workers, no index", PREPARE + " --num_workers 3", "--num_workers 3", "--worker_index 0 to 2"),
+    case("prepare: --worker_index alone", PREPARE + " --worker_index 1", "--worker_index 1", "--num_workers 1"),
+    case(
+        "prepare: --worker_index past the last",
+        PREPARE + " --num_workers 2 --worker_index 2",
+        "--worker_index 2", "0 to 1", "--num_workers 2",
+    ),  # fmt: skip
+    case("prepare: --worker_index -1", PREPARE + " --num_workers 2 --worker_index -1", "--worker_index -1", "0 to 1"),
+    case("prepare: --merge alone", PREPARE + " --merge", "--merge", "--num_workers N"),
+    case(
+        "prepare: --merge with --worker_index",
+        PREPARE + " --merge --num_workers 2 --worker_index 0",
+        "--merge", "--worker_index 0",
+    ),  # fmt: skip
+    case(
+        "prepare: --merge without parts",
+        "prepare_tfrecord_shards.py --merge --num_workers 2 --output_dir {out}",
+        "{out}/train", "no parts", "--worker_index", "0 to 1",
+    ),  # fmt: skip
     # run_mlm.py
     case(
         "run_mlm: no --train_dataset",
@@ -229,6 +250,24 @@ def test_prepare_refuses_to_replace_a_finished_split(run_script, corpus, tokeniz
         "--output_dir", output_dir,
     ]  # fmt: skip
     needles = (output_dir / "validation", "--overwrite_output_dir")
+    refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)
+
+
+def test_prepare_merge_with_a_part_missing(run_script, corpus, tokenizer_dir, tmp_path):
+    import prepare_tfrecord_shards as prepare
+
+    output_dir = tmp_path / "shards"
+    worker_0 = [
+        "--train_file", corpus["train"],
+        "--tokenizer_name_or_path", tokenizer_dir,
+        "--max_length", MAX_LENGTH,
+        "--output_dir", output_dir,
+        "--num_workers", 2,
+        "--worker_index", 0,
+    ]  # fmt: skip
+    prepare.main(prepare.parse_args([str(arg) for arg in worker_0]))
+    args = ["--merge", "--num_workers", 2, "--output_dir", output_dir]
+    needles = (output_dir / "train", "worker 1 of 2", "manifest-00001-of-00002.json", "--worker_index 1")
     refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)
 
 

@@ -23,7 +23,7 @@ import prepare_tfrecord_shards as prepare
 from conftest import MAX_LENGTH, REPO, make_corpus_lines, subprocess_env, write_lines
 
 SHARD_SIZE = 50  # the fixture corpus gives 7 shards of this size or less
-SHARD_NAME = re.compile(r"^train-\d{5}-\d+\.tfrecord$")
+SHARD_NAME = re.compile(r"^train-\d{5}-\d{5}-\d+\.tfrecord$")
 
 # Runs a script like `python script args...`, after arranging for SIGKILL at the `count`-th `event`.
 KILLING_LAUNCHER = r"""
@@ -128,12 +128,12 @@ def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterru
 
 # (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted run's names)
 KILL_POINTS = [
-    ("in the first shard", "record written", 3, lambda done: {".train-00000.tfrecord.tmp"}),
+    ("in the first shard", "record written", 3, lambda done: {".train-00000-00000.tfrecord.tmp"}),
     (
         "second shard written, not yet renamed",
         "before shard rename",
         2,
-        lambda done: {f"train-00000-{SHARD_SIZE}.tfrecord", ".train-00001.tfrecord.tmp"},
+        lambda done: {f"train-00000-00000-{SHARD_SIZE}.tfrecord", ".train-00000-00001.tfrecord.tmp"},
     ),
     (
         "manifest written, not yet renamed",

@@ -11,7 +11,9 @@ import pytest
 import prepare_tfrecord_shards as prepare
 from conftest import MAX_LENGTH, SHARD_SIZE, make_corpus_lines, read_lines, write_lines
 
-SHARD_NAME = re.compile(r"^(?P<split>train|validation|test)-(?P<index>\d{5})-(?P<count>\d+)\.tfrecord$")
+SHARD_NAME = re.compile(
+    r"^(?P<split>train|validation|test)-(?P<block>\d{5})-(?P<index>\d{5})-(?P<count>\d+)\.tfrecord$"
+)
 
 
 def run_prepare(train_file, tokenizer_dir, output_dir, *extra, split="train", max_length=MAX_LENGTH):
@@ -54,7 +56,8 @@ def test_shard_names_and_counts(shards_dir, read_manifest, read_records, split):
     for index, path in enumerate(files):
         match = SHARD_NAME.match(path.name)
         assert match, path.name
-        assert match["split"] == split and int(match["index"]) == index
+        # The fixture splits are smaller than one block of --rows_per_block rows: all their shards are block 0's.
+        assert match["split"] == split and int(match["block"]) == 0 and int(match["index"]) == index
         records = read_records([path])
         assert int(match["count"]) == len(records) == manifest["shards"][index]["records"]
         assert manifest["shards"][index]["bytes"] == path.stat().st_size  # what training checks for truncation
@@ -76,6 +79,9 @@ def test_manifest_agrees_with_the_shards(shards_dir, tokenizer_dir, tokenizer, c
     for name in ("cls", "sep", "pad", "unk", "mask"):
         assert ids[name] == getattr(tokenizer, f"{name}_token_id")
     assert manifest["documents"] == sum(1 for line in read_lines(corpus["train"]) if line.strip())
+    # Smaller than one block of the default --rows_per_block: packed as one stream, as before blocks existed.
+    assert manifest["rows"] == len(read_lines(corpus["train"])) < manifest["rows_per_block"]
+    assert manifest["blocks"] == 1
     assert max(max(record) for record in records) < manifest["vocab_size"]
 
 
@@ -107,9 +113,9 @@ def test_shard_size_dividing_the_records_exactly_leaves_no_empty_shard(
     manifest = run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--shard_size", records)
     only = shard_files(tmp_path / "train")[0]
     assert manifest["shards"] == [
-        {"file": f"train-00000-{records}.tfrecord", "records": records, "bytes": only.stat().st_size}
+        {"file": f"train-00000-00000-{records}.tfrecord", "records": records, "bytes": only.stat().st_size}
     ]
-    assert [path.name for path in shard_files(tmp_path / "train")] == [f"train-00000-{records}.tfrecord"]
+    assert [path.name for path in shard_files(tmp_path / "train")] == [f"train-00000-00000-{records}.tfrecord"]
     expected = all_records(shards_dir / "train", read_manifest(shards_dir / "train"), read_records)
     assert read_records(shard_files(tmp_path / "train")) == expected
 
