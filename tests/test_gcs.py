@@ -1,5 +1,5 @@
 """gs:// paths end to end, offline: shards, training, checkpoints, resuming and the saved model on a Cloud Storage
-emulator (tests/gcs_emulator.py).
+emulator (tests/gcs_emulator.py), and one clear line, soon, when Cloud Storage cannot be reached.
 
 Every script runs as a subprocess: TensorFlow's gs:// filesystem reads where to send requests from the
 environment once per process, and this test process keeps its own untouched for the other tests.
@@ -8,6 +8,7 @@ environment once per process, and this test process keeps its own untouched for 
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ BUCKET = "test-bucket"
 BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
 SAVE_STEPS = 5
 SCRIPT_TIMEOUT = 300  # seconds; a run that hangs on Cloud Storage fails the test instead of the whole suite
+# Generous next to the few seconds the probe takes, far below the minutes TensorFlow's own retries would take.
+UNREACHABLE_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,14 @@ def gcs(tmp_path_factory):
 
 def script_command(script, *args):
     return [sys.executable, str(REPO / script), *[str(arg) for arg in args]]
+
+
+def run_on(gcs, script, *args, timeout=SCRIPT_TIMEOUT, proxy_url=None):
+    """Run a root script whose gs:// paths lead to the emulator (through `proxy_url`, if given)."""
+    env = gcs.env(base=subprocess_env(), proxy_url=proxy_url)
+    return subprocess.run(
+        script_command(script, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def prepare_args(corpus, tokenizer_dir, split, output_dir):
@@ -168,3 +179,85 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert model.config.vocab_size == len(tokenizer)
     predictions = pipeline("fill-mask", model=str(local_copy), dtype=None)("the river [MASK] the city.", top_k=3)
     assert len(predictions) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs:// path.
+
+
+@pytest.fixture(scope="module")
+def closed_port():
+    """A loopback port that refuses connections: bound, so nothing else takes it, but not listening."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as unused:
+        unused.bind(("127.0.0.1", 0))
+        yield unused.getsockname()[1]
+
+
+UNREACHABLE_CASES = [
+    pytest.param(
+        "prepare_tfrecord_shards.py",
+        "--train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--output_dir gs://{bucket}/unreachable",
+        id="prepare --output_dir",
+    ),
+    pytest.param(
+        "run_mlm.py",
+        "--no_tpu --train_dataset gs://{bucket}/shards/train --tokenizer {tokenizer} --output_dir {out}",
+        "--train_dataset gs://{bucket}/shards/train",
+        id="run_mlm --train_dataset",
+    ),
+    pytest.param(
+        "run_mlm.py",
+        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--output_dir gs://{bucket}/unreachable",
+        id="run_mlm --output_dir",
+    ),
+]
+
+
+def refused_in_one_line(result, script, *needles):
+    assert result.returncode == 1, f"exit {result.returncode}; stderr: {result.stderr[-3000:]}"
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), result.stderr[-3000:]
+    assert "Traceback" not in lines[0] and "libcurl" not in lines[0], lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+@pytest.mark.parametrize("script, arguments, named", UNREACHABLE_CASES)
+def test_unreachable_gcs_fails_fast_in_one_line(
+    gcs, closed_port, script, arguments, named, corpus, tokenizer_dir, shards_dir, tmp_path
+):
+    names = {
+        "bucket": BUCKET, "corpus": corpus["train"], "tokenizer": tokenizer_dir, "local_shards": shards_dir,
+        "out": tmp_path / "out",
+    }  # fmt: skip
+    args = [word.format(**names) for word in arguments.split()]
+    # No proxy listens there: every request TensorFlow makes fails at once, as with no network. Without the
+    # probe, TensorFlow's retries would take minutes and end in a traceback (UNREACHABLE_TIMEOUT catches that).
+    result = run_on(gcs, script, *args, proxy_url=f"http://127.0.0.1:{closed_port}", timeout=UNREACHABLE_TIMEOUT)
+    refused_in_one_line(result, script, named.format(**names), "cannot be reached", f"127.0.0.1 port {closed_port}")
+    assert not (tmp_path / "out").exists()
+    assert not gcs.list_objects(BUCKET, "unreachable")
+
+
+def test_gcs_refusing_access_is_named_with_what_to_do(gcs, shards_dir, tokenizer_dir, tmp_path):
+    # Cloud Storage answers 401 to a request without valid credentials, 403 to an account without rights.
+    refusing_proxy = gcs.start_proxy(refuse_with=403)
+    evaluation = f"gs://{BUCKET}/shards/validation"
+    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--eval_dataset", evaluation,
+            "--tokenizer", tokenizer_dir, "--output_dir", tmp_path / "out"]  # fmt: skip
+    result = run_on(gcs, "run_mlm.py", *args, proxy_url=refusing_proxy, timeout=UNREACHABLE_TIMEOUT)
+    line = refused_in_one_line(result, "run_mlm.py", f"--eval_dataset {evaluation}", "refused access", "403")
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokenizer_dir, tmp_path):
+    # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over and over.
+    output_dir = "gs://no-such-bucket/run"
+    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir,
+            "--output_dir", output_dir]  # fmt: skip
+    result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)
+    refused_in_one_line(result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist")
