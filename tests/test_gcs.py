@@ -261,3 +261,13 @@ def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokeni
             "--output_dir", output_dir]  # fmt: skip
     result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)
     refused_in_one_line(result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist")
+
+
+def test_unigram_refuses_a_gcs_output_instead_of_writing_a_local_gs_folder(corpus, tmp_path):
+    # Saved with the local filesystem, gs://bucket/tokenizer would become the folder ./gs:/bucket/tokenizer.
+    output_dir = "gs://bucket/tokenizer"
+    args = ["--train_file", corpus["train"], "--vocab_size", 100, "--output_dir", output_dir]
+    command = script_command("train_unigram.py", *args)
+    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    refused_in_one_line(result, "train_unigram.py", f"--output_dir {output_dir}", "local")
+    assert list(tmp_path.iterdir()) == []
