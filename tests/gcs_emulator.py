@@ -287,7 +287,3 @@ class GcsEmulator:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(self.download(bucket, name))
         return destination
-
-    def delete_object(self, bucket, name):
-        self.request("DELETE", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}")
-
