@@ -246,6 +246,102 @@ def check_args(args):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Cloud Storage: can every gs:// path be reached at all?
+
+GCS_PROBE_SECONDS = 60  # a bound on the whole probe: starting Python and TensorFlow, then a request per path
+# Run by a child process: report the first gs:// path (argv) that TensorFlow cannot look up, or whose bucket
+# does not exist (TensorFlow's makedirs() asks about a missing bucket again and again, without end). Reading
+# a bucket's own metadata takes a right that reading and writing its objects does not: if that is refused,
+# the bucket is taken to exist.
+GCS_PROBE_CODE = """
+import json, sys
+import tensorflow as tf
+def report(path, error, message):
+    print(json.dumps({"path": path, "error": error, "message": message}))
+    sys.exit()
+for path in sys.argv[1:]:
+    try:
+        tf.io.gfile.exists(path)
+    except tf.errors.OpError as error:
+        report(path, type(error).__name__, str(error))
+    bucket = "/".join(path.split("/")[:3])
+    try:
+        if not tf.io.gfile.exists(bucket):
+            report(path, "NoSuchBucket", bucket)
+    except tf.errors.OpError:
+        pass
+"""
+GCS_PROBE_ENV = {
+    # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe only.
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
+    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
+    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "10",
+    "GCS_REQUEST_IDLE_TIMEOUT_SECS": "10",
+    "GCS_METADATA_REQUEST_TIMEOUT_SECS": "10",
+    # The probe needs no accelerator: leave the TPU (which one process at a time may hold) and the GPUs alone.
+    "TPU_LOAD_LIBRARY": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+}
+
+
+def check_gcs_paths(paths):
+    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no network, no access).
+
+    TensorFlow retries a failed Cloud Storage request for over three minutes (GCS_RETRY_CONFIG_MAX_RETRIES: 10
+    by default, backing off up to 32 s), then fails with a libcurl error code. That patience is what a long run
+    needs to ride out a passing outage, so it stays; but TensorFlow reads those settings once per process,
+    so they cannot be lowered for a first check alone. A short-lived child process with few retries and
+    short timeouts therefore looks up every path once, before any work, and this process keeps the defaults.
+    """
+    import subprocess
+
+    flags = {path: flag for flag, path in paths.items() if path and path.startswith("gs://")}
+    if not flags:
+        return
+    first = next(iter(flags))
+    command = [sys.executable, "-c", GCS_PROBE_CODE, *flags]
+    advice = "check the network (and HTTPS_PROXY, if you use a proxy), or use a local path"
+    try:
+        probe = subprocess.run(
+            command, env={**os.environ, **GCS_PROBE_ENV}, capture_output=True, text=True, timeout=GCS_PROBE_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; {advice}."
+        ) from None
+    try:
+        failure = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout else None
+    except ValueError:
+        failure = None
+    if failure is None:
+        return  # every path answered; or the probe itself broke, and then the run meets the same trouble itself
+    where = f"{flags[failure['path']]} {failure['path']}"
+    if failure["error"] == "NoSuchBucket":
+        raise UsageError(f"{where}: the bucket {failure['message']} does not exist; check the name, or create it.")
+    reason = gcs_failure_reason(failure["message"])
+    if failure["error"] in ("PermissionDeniedError", "UnauthenticatedError") or re.search(r"code 40[13]\b", reason):
+        raise UsageError(
+            f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth application-default "
+            "login` or set GOOGLE_APPLICATION_CREDENTIALS to the key of an account that may use the bucket."
+        )
+    raise UsageError(f"{where}: Cloud Storage cannot be reached ({reason}); {advice}.")
+
+
+def gcs_failure_reason(message):
+    """TensorFlow's error for a failed request, shortened to what went wrong (libcurl's words, not its code)."""
+    text = message.strip().splitlines()[0] if message.strip() else "no details"
+    text = re.sub(r"^All \d+ retry attempts failed\. The last failure: ", "", text)
+    details = re.search(r"error details: (.+)", text)
+    if details:
+        return details.group(1).strip()
+    text = re.sub(r"libcurl code \d+ meaning '([^']*)'", r"\1", text)
+    text = re.sub(r" with body .*", "", text)  # an HTTP error's body is a page of JSON; its code says enough
+    return re.sub(r"^Error executing an HTTP request: ", "", text).strip()[:200]
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Hardware
 
 
@@ -1575,6 +1671,9 @@ def save(model, tokenizer, output_dir, pytorch_export=True):
 
 def main(args):
     check_args(args)
+    check_gcs_paths(
+        {"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset, "--output_dir": args.output_dir}
+    )
     with tensorflow_startup_log_held_back():
         strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
     import tensorflow as tf

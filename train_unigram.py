@@ -126,7 +126,17 @@ def check_args(args):
 
 
 def check_output_location(output_dir):
-    """An --output_dir that cannot be created or written is refused now, not after training."""
+    """An --output_dir that cannot be created or written is refused now, not after training.
+
+    So is a URL such as gs://bucket/tokenizer: this script saves with the local filesystem, which would take it
+    for a folder named "gs:" in the working directory, and the next steps load a tokenizer from a local folder
+    or the Hub anyway.
+    """
+    if "://" in output_dir:
+        raise UsageError(
+            f"--output_dir {output_dir} is not a local folder; train_unigram.py saves the tokenizer locally (the "
+            "next steps load it from a folder or the Hub): pass a local path, and copy the folder wherever needed."
+        )
     existing = os.path.abspath(output_dir)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)

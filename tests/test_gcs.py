@@ -1,0 +1,272 @@
+"""gs:// paths end to end, offline: shards, training, checkpoints, resuming and the saved model on a Cloud Storage
+emulator (tests/gcs_emulator.py), and one clear line, soon, when Cloud Storage cannot be reached.
+
+Every script runs as a subprocess: TensorFlow's gs:// filesystem reads where to send requests from the
+environment once per process, and this test process keeps its own untouched for the other tests.
+"""
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import run_mlm
+from conftest import MAX_LENGTH, REPO, SHARD_SIZE, TINY_MODEL, subprocess_env
+from gcs_emulator import GcsEmulator
+
+BUCKET = "test-bucket"
+BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
+SAVE_STEPS = 5
+SCRIPT_TIMEOUT = 300  # seconds; a run that hangs on Cloud Storage fails the test instead of the whole suite
+# Generous next to the few seconds the probe takes, far below the minutes TensorFlow's own retries would take.
+UNREACHABLE_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    """A Cloud Storage emulator with one empty bucket, for this module's scripts to write to and read from."""
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs_emulator")).start()
+    try:
+        emulator.create_bucket(BUCKET)
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def script_command(script, *args):
+    return [sys.executable, str(REPO / script), *[str(arg) for arg in args]]
+
+
+def run_on(gcs, script, *args, timeout=SCRIPT_TIMEOUT, proxy_url=None):
+    """Run a root script whose gs:// paths lead to the emulator (through `proxy_url`, if given)."""
+    env = gcs.env(base=subprocess_env(), proxy_url=proxy_url)
+    return subprocess.run(
+        script_command(script, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def prepare_args(corpus, tokenizer_dir, split, output_dir):
+    shard_size = SHARD_SIZE if split == "train" else 10000  # as the shards_dir fixture writes them
+    return [
+        f"--{split}_file", corpus[split],
+        "--split", split,
+        "--tokenizer_name_or_path", tokenizer_dir,
+        "--max_length", MAX_LENGTH,
+        "--shard_size", shard_size,
+        "--output_dir", output_dir,
+    ]  # fmt: skip
+
+
+def training_args(tokenizer_dir, output_dir, *extra):
+    return [
+        "--no_tpu",
+        "--train_dataset", f"gs://{BUCKET}/shards/train",
+        "--eval_dataset", f"gs://{BUCKET}/shards/validation",
+        "--tokenizer", tokenizer_dir,
+        "--output_dir", output_dir,
+        "--config_overrides", TINY_MODEL,
+        "--per_replica_batch_size", BATCH_SIZE,
+        "--save_steps", SAVE_STEPS,
+        "--shuffle_buffer_size", 64,
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gcs_shards(gcs, corpus, tokenizer_dir):
+    """gs://test-bucket/shards/{train,validation}, written by prepare_tfrecord_shards.py (both splits at once)."""
+    env = gcs.env(base=subprocess_env())
+    output_dir = f"gs://{BUCKET}/shards"
+    commands = {
+        split: script_command("prepare_tfrecord_shards.py", *prepare_args(corpus, tokenizer_dir, split, output_dir))
+        for split in ("train", "validation")
+    }
+    processes = {
+        split: subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for split, command in commands.items()
+    }
+    for split, process in processes.items():
+        stdout, stderr = process.communicate(timeout=SCRIPT_TIMEOUT)
+        assert process.returncode == 0, stderr[-3000:]
+        assert f"to {output_dir}/{split}" in stdout
+    return "shards"
+
+
+def test_prepare_writes_the_same_shards_to_gcs_as_to_a_local_folder(gcs, gcs_shards, shards_dir):
+    local = {
+        str(path.relative_to(shards_dir)): path.read_bytes() for path in sorted(shards_dir.rglob("*")) if path.is_file()
+    }
+    # Objects named like folders ("shards/train/") are how TensorFlow's makedirs() marks folders on gs://.
+    arrived = [name for name in gcs.list_objects(BUCKET, f"{gcs_shards}/") if not name.endswith("/")]
+    # Nothing else: no temporary shard or manifest left behind, and the manifest and every shard byte for byte.
+    assert sorted(name.removeprefix(f"{gcs_shards}/") for name in arrived) == sorted(local), arrived
+    for name, content in local.items():
+        assert gcs.download(BUCKET, f"{gcs_shards}/{name}") == content, name
+    manifest = json.loads(local["train/manifest.json"])
+    assert len(manifest["shards"]) > 1 and manifest["records"] == sum(shard["records"] for shard in manifest["shards"])
+
+
+def latest_checkpoint_step(gcs, run):
+    """The step of the newest checkpoint the `checkpoint` state object names, or None before the first."""
+    name = f"{run}/{run_mlm.CHECKPOINT_DIR}/checkpoint"
+    if name not in gcs.list_objects(BUCKET, name):
+        return None
+    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', gcs.download(BUCKET, name).decode(), re.M)
+    return int(match.group(1)) if match else None
+
+
+def kill_once_in_bucket(process, gcs, name):
+    """SIGKILL, no warning, as soon as the object `name` has arrived in the bucket."""
+    try:
+        deadline = time.monotonic() + SCRIPT_TIMEOUT
+        while name not in gcs.list_objects(BUCKET, name):
+            assert process.poll() is None, process.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, f"no {name} in the bucket within {SCRIPT_TIMEOUT} s"
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stderr.close()
+
+
+def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
+    gcs, gcs_shards, tokenizer_dir, tokenizer, tmp_path
+):
+    manifest = json.loads(gcs.download(BUCKET, f"{gcs_shards}/train/manifest.json"))
+    per_epoch = manifest["records"] // BATCH_SIZE
+    total = per_epoch + SAVE_STEPS + 2  # the kill lands early in the second epoch; the run ends inside it
+    run = "run"
+    args = training_args(tokenizer_dir, f"gs://{BUCKET}/{run}", "--num_epochs", 2, "--max_steps", total)
+    command, env = script_command("run_mlm.py", *args), gcs.env(base=subprocess_env())
+
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Killed once the first epoch is over: its checkpoint and its row of the training log are in the bucket.
+    kill_once_in_bucket(process, gcs, f"{run}/{run_mlm.TRAINING_LOG_NAME}")
+    saved_step = latest_checkpoint_step(gcs, run)
+    assert per_epoch <= saved_step < total
+    assert f"{run}/config.json" not in gcs.list_objects(BUCKET, run)  # not a finished model
+
+    # The same command again: it finds the checkpoint on gs://, resumes there and finishes.
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    checkpoints = f"gs://{BUCKET}/{run}/{run_mlm.CHECKPOINT_DIR}"
+    assert f"Resuming from {checkpoints}/ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout
+    assert f"after {total} steps" in rerun.stdout
+
+    objects = gcs.list_objects(BUCKET, f"{run}/")
+    names = {name.removeprefix(f"{run}/") for name in objects}
+    model_files = {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    assert model_files <= names, names
+    assert all(objects[f"{run}/{name}"] > 0 for name in model_files)
+    assert not [name for name in names if ".saving-" in name or name.endswith(".tmp")], names  # no staging left
+    assert latest_checkpoint_step(gcs, run) == total
+    assert f"{run_mlm.CHECKPOINT_DIR}/ckpt-{total}.index" in names
+    assert f"{run_mlm.CHECKPOINT_DIR}/{run_mlm.RUN_SETTINGS_NAME}" in names
+    # One row per epoch: the killed run wrote the first, its rerun appended the second (an append on gs://
+    # rewrites the whole object).
+    log = gcs.download(BUCKET, f"{run}/{run_mlm.TRAINING_LOG_NAME}").decode().splitlines()
+    assert [row.split(",")[0] for row in log[1:]] == ["0", "1"], log
+
+    from transformers import pipeline
+
+    fill_mask = pipeline("fill-mask", model=str(gcs.download_folder(BUCKET, run, tmp_path / "downloaded")), dtype=None)
+    assert type(fill_mask.model).__name__ == "TFRobertaForMaskedLM"
+    assert fill_mask.model.config.vocab_size == len(tokenizer) == len(fill_mask.tokenizer)
+    assert len(fill_mask("the river [MASK] the city.", top_k=3)) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs:// path.
+
+
+@pytest.fixture(scope="module")
+def closed_port():
+    """A loopback port that refuses connections: bound, so nothing else takes it, but not listening."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as unused:
+        unused.bind(("127.0.0.1", 0))
+        yield unused.getsockname()[1]
+
+
+UNREACHABLE_CASES = [
+    pytest.param(
+        "prepare_tfrecord_shards.py",
+        "--train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--output_dir gs://{bucket}/unreachable",
+        id="prepare --output_dir",
+    ),
+    pytest.param(
+        "run_mlm.py",
+        "--no_tpu --train_dataset gs://{bucket}/shards/train --tokenizer {tokenizer} --output_dir {out}",
+        "--train_dataset gs://{bucket}/shards/train",
+        id="run_mlm --train_dataset",
+    ),
+    pytest.param(
+        "run_mlm.py",
+        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--output_dir gs://{bucket}/unreachable",
+        id="run_mlm --output_dir",
+    ),
+]
+
+
+def refused_in_one_line(result, script, *needles):
+    assert result.returncode == 1, f"exit {result.returncode}; stderr: {result.stderr[-3000:]}"
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), result.stderr[-3000:]
+    assert "Traceback" not in lines[0] and "libcurl" not in lines[0], lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+@pytest.mark.parametrize("script, arguments, named", UNREACHABLE_CASES)
+def test_unreachable_gcs_fails_fast_in_one_line(
+    gcs, closed_port, script, arguments, named, corpus, tokenizer_dir, shards_dir, tmp_path
+):
+    names = {
+        "bucket": BUCKET, "corpus": corpus["train"], "tokenizer": tokenizer_dir, "local_shards": shards_dir,
+        "out": tmp_path / "out",
+    }  # fmt: skip
+    args = [word.format(**names) for word in arguments.split()]
+    # No proxy listens there: every request TensorFlow makes fails at once, as with no network. Without the
+    # probe, TensorFlow's retries would take minutes and end in a traceback (UNREACHABLE_TIMEOUT catches that).
+    result = run_on(gcs, script, *args, proxy_url=f"http://127.0.0.1:{closed_port}", timeout=UNREACHABLE_TIMEOUT)
+    refused_in_one_line(result, script, named.format(**names), "cannot be reached", f"127.0.0.1 port {closed_port}")
+    assert not (tmp_path / "out").exists()
+    assert not gcs.list_objects(BUCKET, "unreachable")
+
+
+def test_gcs_refusing_access_is_named_with_what_to_do(gcs, shards_dir, tokenizer_dir, tmp_path):
+    # Cloud Storage answers 401 to a request without valid credentials, 403 to an account without rights.
+    refusing_proxy = gcs.start_proxy(refuse_with=403)
+    evaluation = f"gs://{BUCKET}/shards/validation"
+    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--eval_dataset", evaluation,
+            "--tokenizer", tokenizer_dir, "--output_dir", tmp_path / "out"]  # fmt: skip
+    result = run_on(gcs, "run_mlm.py", *args, proxy_url=refusing_proxy, timeout=UNREACHABLE_TIMEOUT)
+    line = refused_in_one_line(result, "run_mlm.py", f"--eval_dataset {evaluation}", "refused access", "403")
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokenizer_dir, tmp_path):
+    # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over and over.
+    output_dir = "gs://no-such-bucket/run"
+    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir,
+            "--output_dir", output_dir]  # fmt: skip
+    result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)
+    refused_in_one_line(result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist")
+
+
+def test_unigram_refuses_a_gcs_output_instead_of_writing_a_local_gs_folder(corpus, tmp_path):
+    # Saved with the local filesystem, gs://bucket/tokenizer would become the folder ./gs:/bucket/tokenizer.
+    output_dir = "gs://bucket/tokenizer"
+    args = ["--train_file", corpus["train"], "--vocab_size", 100, "--output_dir", output_dir]
+    command = script_command("train_unigram.py", *args)
+    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    refused_in_one_line(result, "train_unigram.py", f"--output_dir {output_dir}", "local")
+    assert list(tmp_path.iterdir()) == []
