@@ -43,8 +43,7 @@ import sys
 from transformers import pipeline
 
 # dtype=None: transformers 4.57's pipeline() looks its default dtype ("auto") up in PyTorch otherwise.
-# use_safetensors=False: TF reads tf_model.h5; model.safetensors is the PyTorch copy, for transformers 5.
-fill_mask = pipeline("fill-mask", model=sys.argv[1], dtype=None, model_kwargs={"use_safetensors": False})
+fill_mask = pipeline("fill-mask", model=sys.argv[1], dtype=None)
 for sentence in ["The [MASK] statement is used to define a function.", "Return a new [MASK] of the list."]:
     guesses = ", ".join(f"{p['token_str']!r} ({p['score']:.2f})" for p in fill_mask(sentence, top_k=5))
     print(f"{sentence}\n    -> {guesses}")

@@ -4,10 +4,9 @@
 The shards come from prepare_tfrecord_shards.py and the tokenizer from train_unigram.py. Masking happens
 in tf.data with TF ops (dynamic: new masks every epoch for training, fixed masks for evaluation), the model
 is a transformers TF masked LM (RoBERTa by default) trained with model.fit, and the result is saved with
-its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the folder alone: in transformers 5
-with PyTorch through model.safetensors, a PyTorch copy of the weights written without torch (--no_pytorch_export
-skips it), and in this TF environment through tf_model.h5, given `model_kwargs={"use_safetensors": False}`
-(transformers 4.57's TF loader prefers model.safetensors but fails on PyTorch-format files).
+its tokenizer so that `pipeline("fill-mask", model=output_dir)` works from the folder alone. A PyTorch copy,
+written without torch, goes to output_dir/pytorch, a folder that transformers 5 loads as it is
+(`pipeline("fill-mask", model=f"{output_dir}/pytorch")`); --no_pytorch_export skips it.
 
     # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train --eval_dataset gs://my-bucket/shards/validation \
@@ -40,6 +39,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -1002,7 +1002,7 @@ class HubPusher:
         self.tokenizer.model_max_length = self.max_length  # the longest input the position table accepts
         trainer.save_pretrained(folder)
         if not self.args.no_pytorch_export:  # what transformers 5 users on the Hub load
-            write_pytorch_copy(trainer.masked_lm, folder)
+            write_pytorch_copy(trainer.masked_lm, self.tokenizer, folder)
         self.tokenizer.save_pretrained(folder)
         with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
             file.write(card_text)
@@ -1116,7 +1116,8 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, total_step
         "pretrained from scratch (random initial weights, no checkpoint of another model) by `run_mlm.py` with "
         "Keras `fit`: the last step of a TensorFlow pipeline whose first steps train a Unigram tokenizer "
         "(`train_unigram.py`) and pack text into TFRecord shards (`prepare_tfrecord_shards.py`). The weights "
-        "are TensorFlow's (`tf_model.h5`).",
+        "are TensorFlow's (`tf_model.h5`, for transformers 4.x); `pytorch/` holds the same model for transformers 5 "
+        "and PyTorch (`model.safetensors`) unless the run was told not to write it.",
         "",
         status,
         "",
@@ -1125,11 +1126,19 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, total_step
         "```python",
         "from transformers import pipeline",
         "",
-        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf")',
+        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf", dtype=None)  # transformers 4.x, TF',
         f'print(fill_mask("The river runs under the old {mask} of the city."))',
         "```",
         "",
-        "In PyTorch, load it with `AutoModelForMaskedLM.from_pretrained(..., from_tf=True)`.",
+        "With transformers 5 and PyTorch:",
+        "",
+        "```python",
+        "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+        "",
+        f'model = AutoModelForMaskedLM.from_pretrained("{where}", subfolder="{PYTORCH_DIR}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}", subfolder="{PYTORCH_DIR}")',
+        'fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)',
+        "```",
         "",
         "## Training data",
         "",
@@ -1582,6 +1591,7 @@ def restore_checkpoint(args, masked_lm, optimizer):
 # model. The name mapping is generic, but a type joins this list only once that test covers it.
 PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
 PYTORCH_WEIGHTS_NAME = "model.safetensors"
+PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transformers 5 loads
 
 
 def check_pytorch_export(args, config):
@@ -1633,13 +1643,22 @@ def pytorch_state_dict(masked_lm):
     return state_dict
 
 
-def write_pytorch_copy(masked_lm, folder):
-    """model.safetensors with PyTorch names and layouts: transformers 5 loads it, and no torch is needed here."""
+def write_pytorch_copy(masked_lm, tokenizer, folder):
+    """<folder>/pytorch: config, tokenizer and model.safetensors with PyTorch names and layouts, a folder that
+    transformers 5 loads as it is; no torch is needed here.
+
+    A folder of its own, not beside tf_model.h5: transformers 4.57's TF loader prefers a model.safetensors it
+    finds there, and fails on PyTorch-format files (its bug, not to be fixed), so the TF model would no longer
+    load by default.
+    """
     from safetensors.numpy import save_file
 
-    # "pt": transformers 5 loads PyTorch-format files only. transformers 4.57's TF loader fails on them (its bug,
-    # never to be fixed), so TF users of the folder load tf_model.h5 with use_safetensors=False.
-    save_file(pytorch_state_dict(masked_lm), os.path.join(folder, PYTORCH_WEIGHTS_NAME), metadata={"format": "pt"})
+    copy = os.path.join(folder, PYTORCH_DIR)
+    os.makedirs(copy, exist_ok=True)
+    masked_lm.config.save_pretrained(copy)
+    tokenizer.save_pretrained(copy)
+    # "pt": the format transformers 5 loads.
+    save_file(pytorch_state_dict(masked_lm), os.path.join(copy, PYTORCH_WEIGHTS_NAME), metadata={"format": "pt"})
 
 
 def save(model, tokenizer, output_dir, pytorch_export=True):
@@ -1660,11 +1679,17 @@ def save(model, tokenizer, output_dir, pytorch_export=True):
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         if pytorch_export:  # staged like the rest, so it is published before config.json
-            write_pytorch_copy(model, staging)
+            write_pytorch_copy(model, tokenizer, staging)
         for name in sorted(os.listdir(staging), key=lambda name: (name == FINISHED_RUN_MARKER, name)):
             source, target = os.path.join(staging, name), f"{output_dir}/{name}"
             if local:
+                if os.path.isdir(target):  # a replaced run's PyTorch copy
+                    shutil.rmtree(target)
                 os.replace(source, target)
+            elif os.path.isdir(source):
+                for inner in sorted(os.listdir(source)):
+                    tf.io.gfile.makedirs(target)
+                    tf.io.gfile.copy(os.path.join(source, inner), f"{target}/{inner}", overwrite=True)
             else:
                 tf.io.gfile.copy(source, target, overwrite=True)
 

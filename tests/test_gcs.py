@@ -156,11 +156,13 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     checkpoints = f"gs://{BUCKET}/{run}/{run_mlm.CHECKPOINT_DIR}"
     assert f"Resuming from {checkpoints}/ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout
-    assert f"after {total} steps" in rerun.stdout
+    assert f"Finished: {total:,} steps" in rerun.stdout
 
     objects = gcs.list_objects(BUCKET, f"{run}/")
     names = {name.removeprefix(f"{run}/") for name in objects}
     model_files = {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    model_files |= {f"{run_mlm.PYTORCH_DIR}/{name}" for name in ("config.json", "tokenizer.json", "model.safetensors")}
+    model_files |= {run_mlm.CURVES_NAME, "README.md"}
     assert model_files <= names, names
     assert all(objects[f"{run}/{name}"] > 0 for name in model_files)
     assert not [name for name in names if ".saving-" in name or name.endswith(".tmp")], names  # no staging left

@@ -104,14 +104,16 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still ran), then the final model.
     snapshot, final = hub.commits("tester/mlm")
     assert "Skipped the Hub push of epoch 2" in capsys.readouterr().out
-    published = MODEL_FILES | TOKENIZER_FILES | {"README.md", "model.safetensors"}  # both frameworks' weights
+    # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its own, as save() lays them out.
+    pytorch = {f"{run_mlm.PYTORCH_DIR}/{name}" for name in {"config.json", *TOKENIZER_FILES, run_mlm.PYTORCH_WEIGHTS_NAME}}
+    published = MODEL_FILES | TOKENIZER_FILES | {"README.md"} | pytorch
     assert set(snapshot.files) == published and set(final.files) == published | {run_mlm.CURVES_NAME}
     assert snapshot.message.startswith("Epoch 1:") and final.message.startswith("Final model:")
     assert "Training in progress" in snapshot.files["README.md"].decode()
     assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]  # two more epochs changed the weights
 
     # The final commit is the saved model: the same config, tokenizer and card, and the same weights.
-    for name in ("config.json", *TOKENIZER_FILES, "README.md", "model.safetensors", run_mlm.CURVES_NAME):
+    for name in ("config.json", *TOKENIZER_FILES, "README.md", *pytorch, run_mlm.CURVES_NAME):
         assert final.files[name] == (output_dir / name).read_bytes(), name
     pushed_weights = tmp_path / "pushed.h5"
     pushed_weights.write_bytes(final.files["tf_model.h5"])

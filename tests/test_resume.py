@@ -45,7 +45,7 @@ def load_weights(folder):
     from transformers import TFAutoModelForMaskedLM
 
     # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors) beside it.
-    model = TFAutoModelForMaskedLM.from_pretrained(str(folder), use_safetensors=False)
+    model = TFAutoModelForMaskedLM.from_pretrained(str(folder))
     return [weight.numpy() for weight in model.weights]
 
 
@@ -114,7 +114,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
 
     from transformers import pipeline
 
-    fill_mask = pipeline("fill-mask", model=str(interrupted), dtype=None, model_kwargs={"use_safetensors": False})
+    fill_mask = pipeline("fill-mask", model=str(interrupted), dtype=None)
     predictions = fill_mask("the river [MASK] the city.", top_k=3)
     assert len(predictions) == 3
 

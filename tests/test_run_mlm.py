@@ -69,8 +69,7 @@ def test_saved_folder_reloads_model_and_tokenizer(run, tokenizer):
     assert saved_tokenizer.mask_token_id == tokenizer.mask_token_id
     assert saved_tokenizer.model_max_length == MAX_LENGTH  # so pipelines truncate to what positions allow
 
-    # use_safetensors=False: model.safetensors is the PyTorch copy, which transformers 4.57's TF loader fails on.
-    reloaded = TFAutoModelForMaskedLM.from_pretrained(str(output_dir), use_safetensors=False)
+    reloaded = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
     inputs = saved_tokenizer(["the [MASK] crossed the old bridge"], return_tensors="tf")
     np.testing.assert_allclose(
         reloaded(inputs).logits.numpy(), model.masked_lm(inputs, training=False).logits.numpy(), rtol=1e-5, atol=1e-5
@@ -81,7 +80,7 @@ def test_fill_mask_pipeline_loads_from_the_folder(run, tokenizer):
     from transformers import pipeline
 
     _, _, output_dir = run
-    fill_mask = pipeline("fill-mask", model=str(output_dir), dtype=None, model_kwargs={"use_safetensors": False})
+    fill_mask = pipeline("fill-mask", model=str(output_dir), dtype=None)
     predictions = fill_mask("the river [MASK] the city.", top_k=5)
     assert len(predictions) == 5
     scores = [prediction["score"] for prediction in predictions]
