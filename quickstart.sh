@@ -37,7 +37,8 @@ done
   --config_overrides hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512 \
   --per_replica_batch_size 32 --num_epochs 3 --learning_rate 1e-3 --warmup_ratio 0.1
 
-"$python" - "$out/model" <<'PY'
+# The libraries' start-up chatter (TensorFlow's C++ log, transformers' notices) goes to a file, shown on failure.
+"$python" - "$out/model" 2>"$out/fill_mask.log" <<'PY' || { cat "$out/fill_mask.log" >&2; exit 1; }
 import sys
 
 from transformers import pipeline

@@ -18,6 +18,16 @@ written without torch, goes to output_dir/pytorch, a folder that transformers 5 
         --tokenizer tokenizer --output_dir model \
         --config_overrides hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024
 
+    # TPU pod slice: once, on the slice's first worker, naming the slice
+    python run_mlm.py --tpu_name my-v4-32 --train_dataset gs://my-bucket/shards/train ...
+
+    # GPU cluster (MultiWorkerMirroredStrategy): the same command on every machine, each with its own task
+    TF_CONFIG='{"cluster": {"worker": ["10.0.0.1:12345", "10.0.0.2:12345"]}, "task": {"type": "worker", "index": 0}}' \
+        python run_mlm.py --multi_worker --train_dataset gs://my-bucket/shards/train ...
+
+Several hosts: each host's input pipeline reads shard files of its own (files p, p+P, ... of P hosts), so a
+split needs at least as many shard files as hosts. Worker 0 (or the chief) alone writes.
+
 Preemption: a checkpoint goes to <output_dir>/checkpoints every --save_steps optimizer steps and at every
 epoch end. After an interruption, run the same command again: it resumes from the newest checkpoint with
 the same optimizer state, schedule position and data stream, and still stops at the requested step.
@@ -30,7 +40,9 @@ Metrics count the masked positions only: `loss` is the masked-LM cross-entropy, 
 accuracy over every position with a label, `mask_token_accuracy` over the positions whose input was [MASK]
 (the fill-mask task), and `top_token_share` the share of those predictions taken by the most predicted
 token (near 1: the model has collapsed onto one answer). Each epoch ends with the same metrics on the
-evaluation shards, prefixed `val_`, and `val_perplexity = exp(val_loss)`.
+evaluation shards, prefixed `val_`, and `val_perplexity = exp(val_loss)`. They go to TensorBoard
+(`tensorboard --logdir <output_dir>/logs`) with the learning rate and tokens per second; the run ends with
+<output_dir>/training_curves.png and a one-line summary.
 """
 
 import argparse
