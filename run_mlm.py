@@ -1067,17 +1067,18 @@ class HubPusher:
         print(f"Pushed the final model, its tokenizer and model card to the Hub: {commit.commit_url}")
 
 
-def model_card(args, config, tokenizer, manifests, global_batch_size, total_steps, trainer, metrics):
+def model_card(args, config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics):
     """The model card (README.md): what the model is, its data, its settings and its results so far.
 
-    `manifests` are the train and evaluation manifests (the second may be None), `trainer` the fitted model
+    `manifests` are the train and evaluation manifests (the second may be None), `planned_steps` the run's
+    (total steps, steps per epoch), `trainer` the fitted model
     (its optimizer counts the steps taken, in this process or before a resume) and `metrics` the figures
     of the latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
     """
     train_manifest, eval_manifest = manifests
+    total_steps, steps_per_epoch = planned_steps
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
-    steps_per_epoch = train_manifest["records"] // global_batch_size
     warmup_steps = int(args.warmup_ratio * total_steps)
     name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
     where = args.hub_model_id or args.output_dir
@@ -1761,7 +1762,8 @@ def main(args):
 
     def card(trainer, metrics):  # the model card of this run, once `trainer` has taken its steps so far
         manifests = (train_manifest, eval_manifest)
-        return model_card(args, config, tokenizer, manifests, global_batch_size, total_steps, trainer, metrics)
+        planned_steps = (total_steps, steps_per_epoch)
+        return model_card(args, config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics)
 
     # Before anything is written or built: a Hub problem (bad id, no login, no network) should fail fast.
     hub = HubPusher(args, tokenizer, max_length, card) if args.hub_model_id and chief else None
