@@ -1549,10 +1549,11 @@ def prepare_output_dir(args, settings):
     path = f"{folder}/{RUN_SETTINGS_NAME}"
 
     def start_afresh():
-        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME):
+        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME, MODEL_CARD_NAME):
             if tf.io.gfile.exists(f"{output_dir}/{name}"):
                 tf.io.gfile.remove(f"{output_dir}/{name}")
-        for old_folder in (folder, f"{output_dir}/{TENSORBOARD_DIR}"):
+        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's behind.
+        for old_folder in (folder, f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{PYTORCH_DIR}"):
             if tf.io.gfile.exists(old_folder):
                 tf.io.gfile.rmtree(old_folder)
 
