@@ -2,7 +2,7 @@
 # The test suite in one command, on CPU, offline: installs the pinned requirements (plus pytest) into .venv
 # unless a virtualenv or conda env is active, then runs pytest. Extra arguments go to pytest.
 #
-#   bash run_tests.sh            # everything, a few minutes
+#   bash run_tests.sh            # everything, about 8 minutes on 2 cores
 #   bash run_tests.sh -k masking # one part
 set -euo pipefail
 cd "$(dirname "$0")"
