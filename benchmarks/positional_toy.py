@@ -34,6 +34,7 @@ def parse_args():
     parser.add_argument("--steps", type=int, default=750)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--reports", type=int, default=5, help="Lines printed over the run.")
+    parser.add_argument("--config_overrides", default="", help="Passed to run_mlm.py, e.g. initializer_range=0.1.")
     return parser.parse_args()
 
 
@@ -57,6 +58,7 @@ def main():
         flags = run_mlm.parse_args([
             "--train_dataset", "unused", "--tokenizer", args.tokenizer, "--output_dir", "unused", "--no_tpu",
             "--pretrained_model_config", str(config_path), "--learning_rate", str(args.learning_rate),
+            "--config_overrides", args.config_overrides,
         ])  # fmt: skip
         tf_keras.utils.set_random_seed(0)
         config = run_mlm.build_config(flags, tokenizer, LENGTH)
@@ -78,7 +80,7 @@ def main():
     dataset = tf.data.Dataset.range(args.steps).map(mask).prefetch(tf.data.AUTOTUNE)
     per_report = args.steps // args.reports
     history = trainer.fit(dataset, epochs=args.reports, steps_per_epoch=per_report, verbose=0)
-    print(f"{args.model_type}, {args.steps} steps of {BATCH} x {LENGTH}, lr {args.learning_rate}; chance = {1 / CYCLE}")
+    print(f"{args.model_type} {args.config_overrides}, {args.steps} steps of {BATCH} x {LENGTH}, lr {args.learning_rate}; chance = {1 / CYCLE}")
     print("| after step | loss | accuracy at [MASK] |\n|---:|---:|---:|")
     for report, (loss, accuracy) in enumerate(zip(history.history["loss"], history.history["mask_token_accuracy"])):
         print(f"| {(report + 1) * per_report} | {loss:.2f} | {accuracy:.3f} |")
