@@ -12,12 +12,14 @@ still below the unigram row's accuracy predicts from corpus frequencies alone.
 """
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py lives at the repository root
+
+import run_mlm  # noqa: E402
 
 
 def parse_args():
@@ -29,18 +31,15 @@ def parse_args():
     return parser.parse_args()
 
 
-def read_ids(folder):
+def read_ids(folder, flag):
     """All sequences of a shard folder as one [records, max_length] int32 array, and its manifest."""
     import numpy as np
     import tensorflow as tf
 
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
-    files = sorted(str(path) for path in Path(folder).glob("*.tfrecord"))
-    feature = {"input_ids": tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
-    batches = [
-        batch["input_ids"].numpy()
-        for batch in tf.data.TFRecordDataset(files).batch(4096).map(lambda x: tf.io.parse_example(x, feature))
-    ]
+    manifest = run_mlm.read_manifest(folder, flag)  # checked, with the shard files it lists
+    feature = {run_mlm.FEATURE_NAME: tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
+    records = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
+    batches = [batch[run_mlm.FEATURE_NAME].numpy() for batch in records.map(lambda x: tf.io.parse_example(x, feature))]
     return np.concatenate(batches).astype(np.int32), manifest
 
 
@@ -48,8 +47,11 @@ def main():
     args = parse_args()
     import numpy as np
 
-    train, manifest = read_ids(args.train_dataset)
-    evaluation, _ = read_ids(args.eval_dataset)
+    try:
+        train, manifest = read_ids(args.train_dataset, "--train_dataset")
+        evaluation, _ = read_ids(args.eval_dataset, "--eval_dataset")
+    except run_mlm.UsageError as error:
+        sys.exit(f"error: {error}")
     vocab = manifest["vocab_size"]
     special = np.array(sorted(set(manifest["special_token_ids"].values())))
 

@@ -58,7 +58,7 @@ def parse_args():
 
 
 def self_times(xspace_path):
-    """{op type: seconds of its own time} over every host thread of one profile, and the traced span."""
+    """{op type: seconds of its own time} over every host thread of one profile."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
