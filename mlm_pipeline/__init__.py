@@ -1,0 +1,21 @@
+"""The production plumbing of the pretraining scripts: what makes a run survive the real world.
+
+The three scripts beside this folder tell the story of each step (data, masking, model, optimizer, fit,
+save); the modules here hold what a long run on a TPU VM also needs, one concern each, each readable on its
+own. Scripts import these modules; nothing here imports a script.
+
+    errors          one-line errors: UsageError, the argparse parser and types, how a script exits
+    tf_startup      TensorFlow's start-up log, held back unless start-up fails
+    storage         local or gs:// output folders, checked before any work (a short-lived Cloud Storage probe)
+    contract        the files the steps hand on: names, manifest keys, the record feature; reading them back
+    corpus          reading a local corpus file or a Hub dataset as a stream of texts
+    shard_workers   prepare_tfrecord_shards.py on several machines: parts, clean-up, --merge
+    hosts           run_mlm.py on several hosts: which process writes, which shards each host reads
+    checkpoints     run_mlm.py's output folder, checkpoints and resume
+    training_logs   TensorBoard scalars, the CSV log, the curves PNG, the closing summary line
+    pytorch_export  the PyTorch copy of a TF masked LM, written without torch, for transformers 5
+    model_card      the README.md cards of the model and the tokenizer
+    hub             Hub repositories and pushes over HTTP, in the background during training
+
+To copy a step into your own project, copy its script and this folder.
+"""

@@ -1,0 +1,183 @@
+"""The file contract between the three scripts: what each writes, under which names, and how the next reads it.
+
+    train_unigram.py --output_dir TOK    -> TOK/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    prepare_tfrecord_shards.py ... --output_dir SHARDS --split S
+                                         -> SHARDS/S/<S>-<block>-<shard>-<records>.tfrecord (one tf.train.Example
+                                            per sequence: "input_ids", int64 x max_length), then SHARDS/S/manifest.json
+    run_mlm.py --train_dataset SHARDS/train --tokenizer TOK --output_dir MODEL
+                                         -> MODEL/config.json (last), tf_model.h5, tokenizer files, pytorch/,
+                                            README.md, training_log.csv, training_curves.png, logs/, checkpoints/
+
+The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key from here.
+"""
+
+import json
+import os
+
+from .errors import UsageError, first_line, tf_error_text
+
+# --- train_unigram.py -> the tokenizer folder
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # either one makes a folder a tokenizer's
+
+# --- prepare_tfrecord_shards.py -> a split's folder of shards
+SPLITS = ("train", "validation", "test")
+FEATURE_NAME = "input_ids"  # the one feature of every record: int64 x max_length token ids
+MANIFEST_NAME = "manifest.json"  # written last: a split's folder without it is unfinished
+MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")  # what a reader needs; each shard: file, records, bytes
+PART_MANIFEST_PATTERN = "manifest-*-of-*.json"  # worker i of N writes manifest-<i>-of-<N>.json until --merge
+
+
+def shard_name(split, block, shard, records):
+    """Names sort as the manifest lists the shards: by block, then by place in the block."""
+    return f"{split}-{block:05d}-{shard:05d}-{records}.tfrecord"
+
+
+def temporary_shard_name(split, block, shard):
+    return f".{split}-{block:05d}-{shard:05d}.tfrecord.tmp"
+
+
+def part_name(worker_index, num_workers):
+    return f"manifest-{worker_index:05d}-of-{num_workers:05d}.json"
+
+
+def record_features(max_length):
+    """The parsing spec of a record, for tf.io.parse_example."""
+    import tensorflow as tf
+
+    return {FEATURE_NAME: tf.io.FixedLenFeature([max_length], tf.int64)}
+
+
+# --- run_mlm.py -> the model folder
+FINISHED_RUN_MARKER = "config.json"  # saved last: a folder holding it holds a finished model
+CHECKPOINT_DIR = "checkpoints"  # checkpoints of an unfinished run, and the settings they belong to
+RUN_SETTINGS_NAME = "run_settings.json"
+TRAINING_LOG_NAME = "training_log.csv"  # one row per epoch, across resumed runs
+TENSORBOARD_DIR = "logs"  # `tensorboard --logdir <output_dir>/logs`
+CURVES_NAME = "training_curves.png"
+MODEL_CARD_NAME = "README.md"
+PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transformers 5 loads
+PYTORCH_WEIGHTS_NAME = "model.safetensors"
+
+
+def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=False, require_mlm_tokens=False):
+    """A tokenizer folder (train_unigram.py's --output_dir) or Hub id, loaded with AutoTokenizer.
+
+    A local path that is no tokenizer folder is refused before transformers is even imported.
+    `require_fast`: the Rust backend, which prepare encodes with. `require_mlm_tokens`: a mask and a pad token,
+    which masked-LM training needs.
+    """
+    hint = "pass the --output_dir of train_unigram.py or a Hub id"
+    if os.path.isdir(name_or_path):
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
+            raise UsageError(
+                f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a tokenizer folder; {hint}."
+            )
+    elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
+        raise UsageError(f"{flag} {name_or_path} is not a tokenizer folder; {hint}.")
+    from transformers import AutoTokenizer  # only now: a wrong path is answered without loading it
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except Exception as error:  # transformers raises many kinds for files it cannot make sense of
+        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)[:300]}") from None
+    if require_fast and not tokenizer.is_fast:
+        raise UsageError(f"the tokenizer {name_or_path!r} is not a fast tokenizer; train one with train_unigram.py.")
+    for name in ("mask", "pad") if require_mlm_tokens else ():
+        if getattr(tokenizer, f"{name}_token_id") is None:
+            raise UsageError(
+                f"the tokenizer {name_or_path!r} has no {name} token, which masked-LM training needs; "
+                "use a tokenizer from train_unigram.py."
+            )
+    return tokenizer
+
+
+def read_manifest(folder, flag):
+    """A finished split's manifest, with "files": the full path of every shard it lists, each checked present."""
+    import tensorflow as tf
+
+    folder = folder.rstrip("/")
+    path = f"{folder}/{MANIFEST_NAME}"
+    if not tf.io.gfile.isdir(folder):
+        raise UsageError(f"{flag} {folder} does not exist; pass a folder written by prepare_tfrecord_shards.py.")
+    if not tf.io.gfile.exists(path):
+        splits = [s for s in SPLITS if tf.io.gfile.exists(f"{folder}/{s}/{MANIFEST_NAME}")]
+        hint = f" (did you mean {folder}/{splits[0]}?)" if splits else ""
+        todo = "run prepare_tfrecord_shards.py to completion first"
+        if tf.io.gfile.glob(f"{folder}/{PART_MANIFEST_PATTERN}"):  # parts of several workers, not yet merged
+            todo = "its workers' parts are not merged yet: run prepare_tfrecord_shards.py --merge first"
+        raise UsageError(f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}.")
+    try:
+        with tf.io.gfile.GFile(path) as file:
+            manifest = json.load(file)
+        missing_keys = [key for key in MANIFEST_KEYS if key not in manifest]
+        files = [f"{folder}/{shard['file']}" for shard in manifest.get("shards", [])]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        missing_keys, files = [f"unreadable ({type(error).__name__}: {error})"], []
+    if missing_keys:
+        raise UsageError(
+            f"{flag} {folder}: {MANIFEST_NAME} is not one prepare_tfrecord_shards.py wrote (missing or bad: "
+            f"{', '.join(missing_keys)}); rerun it."
+        )
+    missing = [path for path in files if not tf.io.gfile.exists(path)]
+    if not files or missing:
+        raise UsageError(
+            f"{flag} {folder}: no shards found ({len(missing)} of {len(files)} listed in {MANIFEST_NAME} are "
+            "missing); rerun prepare_tfrecord_shards.py."
+        )
+    manifest["files"] = files
+    return manifest
+
+
+def check_shards(manifest, flag, vocab_size):
+    """Every shard is whole and holds this tokenizer's ids: checked cheaply, before anything is built.
+
+    A shard's size must be the one its manifest records (a truncated TFRecord file reads as a shorter
+    one without any error, so nothing later would notice); manifests without sizes get their records
+    counted instead. The first record of every shard must parse as max_length ids within the vocabulary.
+    """
+    import tensorflow as tf
+
+    features = record_features(manifest["max_length"])
+    for shard, path in zip(manifest["shards"], manifest["files"]):
+        try:
+            if "bytes" in shard:
+                found, expected, unit = tf.io.gfile.stat(path).length, shard["bytes"], "bytes"
+            else:
+                found = count_records(path)  # manifests from before sizes were recorded
+                expected, unit = shard["records"], "records"
+            if found != expected:
+                raise UsageError(
+                    f"{flag}: shard {path} has {found} {unit} but {MANIFEST_NAME} lists {expected}, so it is truncated "
+                    "or was changed; rerun prepare_tfrecord_shards.py."
+                )
+            first = next(iter(tf.data.TFRecordDataset(path).take(1)))
+            ids = tf.io.parse_single_example(first, features)[FEATURE_NAME].numpy()
+        except (tf.errors.OpError, StopIteration) as error:
+            raise UsageError(
+                f"{flag}: shard {path} is unreadable ({tf_error_text(error) if str(error) else 'no records'}); "
+                "rerun prepare_tfrecord_shards.py."
+            ) from None
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            raise UsageError(
+                f"{flag}: shard {path} holds token id {ids.max() if ids.max() >= vocab_size else ids.min()}, outside "
+                f"the tokenizer's {vocab_size} ids; pass the tokenizer the shards were made with."
+            )
+
+
+def count_records(path):
+    """Read a shard to its end; a corrupt one raises tf.errors.DataLossError."""
+    import tensorflow as tf
+
+    return sum(1 for _ in tf.data.TFRecordDataset(path))
+
+
+def find_corrupt_shard(files):
+    """The first shard that cannot be read to its end: TF's corruption error does not name the file."""
+    import tensorflow as tf
+
+    for path in files:
+        try:
+            count_records(path)
+        except tf.errors.DataLossError:
+            return path
+    return None

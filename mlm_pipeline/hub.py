@@ -1,0 +1,60 @@
+"""The Hugging Face Hub over HTTP (huggingface_hub's HfApi): no git clone, no git-lfs.
+
+A repository is created, or found, before any work (`open_repository()`), so that a malformed id, a missing
+login or an unreachable Hub stops a run in one line before it has cost anything. Every push is one commit.
+train_unigram.py pushes its tokenizer once at the end; run_mlm.py pushes through `HubPusher`, which uploads a
+snapshot at every epoch end from a background thread while training goes on, and the final model last.
+"""
+
+from .errors import UsageError, first_line
+
+
+def check_hub_model_id(repo_id, example):
+    """A --hub_model_id the Hub would refuse is refused now, offline, before any work."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = str(error).strip().splitlines()[0]
+        raise UsageError(
+            f"--hub_model_id {repo_id} is not a Hub repository id ({reason}); use namespace/name, e.g. {example}."
+        ) from None
+
+
+def hub_error_text(error):
+    """A Hub failure in one line: the HTTP status and the server's own words when there was a response.
+
+    huggingface_hub wraps a failed file upload in an error that names the file only; its cause holds the reason.
+    """
+    cause = error
+    while cause is not None and getattr(cause, "response", None) is None:
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return first_line(error)
+    response = cause.response
+    words = (getattr(cause, "server_message", None) or "").strip()
+    return f"HTTP {response.status_code} {response.reason}" + (f": {words.splitlines()[0]}" if words else "")
+
+
+def open_repository(repo_id, private, leave_out):
+    """Create the repository, or find it; returns its full id (a bare name gets the token owner's namespace).
+
+    `leave_out` names the flag that asked for the push, for the message when there is no token.
+    """
+    from huggingface_hub import HfApi, get_token
+
+    if get_token() is None:
+        raise UsageError(
+            f"--hub_model_id {repo_id} needs a Hub token with write access: run `hf auth login` or set HF_TOKEN, "
+            f"or leave out {leave_out}."
+        )
+    try:
+        # private=None leaves an existing repository as it is and lets the namespace's default decide.
+        repository = HfApi().create_repo(repo_id, private=private or None, exist_ok=True)
+    except Exception as error:  # HTTP errors, no network, offline mode: all mean no push is possible
+        raise UsageError(
+            f"could not create or find the Hub repository --hub_model_id {repo_id} ({hub_error_text(error)}); "
+            "check the id, that your token may write to its namespace (`hf auth whoami`), and the network."
+        ) from None
+    return repository.repo_id

@@ -1,0 +1,123 @@
+"""Where the pipeline writes: a local folder or a gs:// prefix, checked before any work.
+
+A local --output_dir that cannot be created or written is refused at once. A gs:// path is looked up by
+`check_gcs_paths()` in a short-lived child process, so that no network, no access or a missing bucket is one
+line within a minute instead of TensorFlow's minutes of retries ending in a libcurl code.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from .errors import UsageError
+
+
+def is_remote(path):
+    """gs://... (or another URL TensorFlow's file system reads), as opposed to a local path."""
+    return "://" in path
+
+
+def check_local_output_dir(output_dir, flag="--output_dir"):
+    """The nearest existing folder of a local path must be a folder, and writable, so the path can be made."""
+    existing = os.path.abspath(output_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == os.path.abspath(output_dir) else f"lies under the file {existing}"
+        raise UsageError(f"{flag} {output_dir} {where}, not a folder; choose a folder path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {output_dir} cannot be written: {existing} is read-only; choose another folder.")
+
+
+GCS_PROBE_SECONDS = 60  # a bound on the whole probe: starting Python and TensorFlow, then a request per path
+# Run by a child process: report the first gs:// path (argv) that TensorFlow cannot look up, or whose bucket
+# does not exist (TensorFlow's makedirs() asks about a missing bucket again and again, without end). Reading
+# a bucket's own metadata takes a right that reading and writing its objects does not: if that is refused,
+# the bucket is taken to exist.
+GCS_PROBE_CODE = """
+import json, sys
+import tensorflow as tf
+def report(path, error, message):
+    print(json.dumps({"path": path, "error": error, "message": message}))
+    sys.exit()
+for path in sys.argv[1:]:
+    try:
+        tf.io.gfile.exists(path)
+    except tf.errors.OpError as error:
+        report(path, type(error).__name__, str(error))
+    bucket = "/".join(path.split("/")[:3])
+    try:
+        if not tf.io.gfile.exists(bucket):
+            report(path, "NoSuchBucket", bucket)
+    except tf.errors.OpError:
+        pass
+"""
+GCS_PROBE_ENV = {
+    # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe only.
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
+    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
+    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "10",
+    "GCS_REQUEST_IDLE_TIMEOUT_SECS": "10",
+    "GCS_METADATA_REQUEST_TIMEOUT_SECS": "10",
+    # The probe needs no accelerator: leave the TPU (which one process at a time may hold) and the GPUs alone.
+    "TPU_LOAD_LIBRARY": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+}
+
+
+def check_gcs_paths(paths):
+    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no network, no access).
+
+    `paths` maps each flag to its value (None and local paths are passed over). TensorFlow retries a failed
+    Cloud Storage request for over three minutes (GCS_RETRY_CONFIG_MAX_RETRIES: 10 by default, backing off up
+    to 32 s), then fails with a libcurl error code. That patience is what a long run needs to ride out a
+    passing outage, so it stays; but TensorFlow reads those settings once per process, so they cannot be
+    lowered for a first check alone. A short-lived child process with few retries and short timeouts
+    therefore looks up every path once, before any work, and this process keeps the defaults.
+    """
+    flags = {path: flag for flag, path in paths.items() if path and path.startswith("gs://")}
+    if not flags:
+        return
+    first = next(iter(flags))
+    command = [sys.executable, "-c", GCS_PROBE_CODE, *flags]
+    advice = "check the network (and HTTPS_PROXY, if you use a proxy), or use a local path"
+    try:
+        probe = subprocess.run(
+            command, env={**os.environ, **GCS_PROBE_ENV}, capture_output=True, text=True, timeout=GCS_PROBE_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; {advice}."
+        ) from None
+    try:
+        failure = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout else None
+    except ValueError:
+        failure = None
+    if failure is None:
+        return  # every path answered; or the probe itself broke, and then the run meets the same trouble itself
+    where = f"{flags[failure['path']]} {failure['path']}"
+    if failure["error"] == "NoSuchBucket":
+        raise UsageError(f"{where}: the bucket {failure['message']} does not exist; check the name, or create it.")
+    reason = gcs_failure_reason(failure["message"])
+    if failure["error"] in ("PermissionDeniedError", "UnauthenticatedError") or re.search(r"code 40[13]\b", reason):
+        raise UsageError(
+            f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth application-default "
+            "login` or set GOOGLE_APPLICATION_CREDENTIALS to the key of an account that may use the bucket."
+        )
+    raise UsageError(f"{where}: Cloud Storage cannot be reached ({reason}); {advice}.")
+
+
+def gcs_failure_reason(message):
+    """TensorFlow's error for a failed request, shortened to what went wrong (libcurl's words, not its code)."""
+    text = message.strip().splitlines()[0] if message.strip() else "no details"
+    text = re.sub(r"^All \d+ retry attempts failed\. The last failure: ", "", text)
+    details = re.search(r"error details: (.+)", text)
+    if details:
+        return details.group(1).strip()
+    text = re.sub(r"libcurl code \d+ meaning '([^']*)'", r"\1", text)
+    text = re.sub(r" with body .*", "", text)  # an HTTP error's body is a page of JSON; its code says enough
+    return re.sub(r"^Error executing an HTTP request: ", "", text).strip()[:200]

@@ -1,0 +1,52 @@
+"""A quiet start: TensorFlow's C++ start-up log is held back unless start-up fails.
+
+TensorFlow's libraries print a page while they load and look for devices (oneDNN notices, CUDA probing, a
+`cuInit` error on a machine without a GPU). Those lines go straight to the process's stderr whatever
+TF_CPP_MIN_LOG_LEVEL says, and they read like errors. The scripts load TensorFlow inside
+`tensorflow_startup_log_held_back()`, which keeps them in a temporary file and shows them only when start-up
+fails for a reason other than the user's input. TF_CPP_MIN_LOG_LEVEL=0 shows them always.
+"""
+
+import logging
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+
+from .errors import UsageError
+
+# Python-side TF logging below warnings; set before TensorFlow is imported, and only if the user has not.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+@contextmanager
+def tensorflow_startup_log_held_back():
+    """Send file descriptor 2 to a temporary file for the block; replay it if the block fails (not for a
+    UsageError, which is the user's mistake and reported alone)."""
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        yield
+        return
+    sys.stderr.flush()
+    stderr_copy = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except UsageError:
+            raise
+        except BaseException:
+            sys.stderr.flush()
+            held.seek(0)
+            os.write(stderr_copy, held.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr_copy, 2)
+            os.close(stderr_copy)
+
+
+def hide_transformers_tf_deprecation():
+    """transformers 4.57 warns, once per model, that its TF classes leave in v5; the README says so once."""
+    logging.getLogger("transformers.modeling_tf_utils").addFilter(
+        lambda record: "TensorFlow and JAX classes are deprecated" not in record.getMessage()
+    )
