@@ -23,7 +23,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # either one make
 SPLITS = ("train", "validation", "test")
 FEATURE_NAME = "input_ids"  # the one feature of every record: int64 x max_length token ids
 MANIFEST_NAME = "manifest.json"  # written last: a split's folder without it is unfinished
-MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")  # what a reader needs; each shard: file, records, bytes
+# What a reader needs; each entry of "shards" holds "file", "records" and "bytes".
+MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 PART_MANIFEST_PATTERN = "manifest-*-of-*.json"  # worker i of N writes manifest-<i>-of-<N>.json until --merge
 
 
@@ -70,7 +71,8 @@ def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=Fal
     if os.path.isdir(name_or_path):
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
             raise UsageError(
-                f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a tokenizer folder; {hint}."
+                f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a tokenizer "
+                f"folder; {hint}."
             )
     elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
         raise UsageError(f"{flag} {name_or_path} is not a tokenizer folder; {hint}.")

@@ -6,6 +6,8 @@ train_unigram.py pushes its tokenizer once at the end; run_mlm.py pushes through
 snapshot at every epoch end from a background thread while training goes on, and the final model last.
 """
 
+import os
+
 from .errors import UsageError, first_line
 
 
@@ -58,3 +60,21 @@ def open_repository(repo_id, private, leave_out):
             "check the id, that your token may write to its namespace (`hf auth whoami`), and the network."
         ) from None
     return repository.repo_id
+
+
+def push_folder_files(repo_id, folder, names, card_text, message, what="the files"):
+    """One commit: the files `names` of the local `folder`, and `card_text` as the repository's README.md.
+
+    A failure is one line that says `what` is safe in `folder` and how to push it later.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    operations = [CommitOperationAdd(name, os.path.join(folder, name)) for name in names]
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card_text.encode("utf-8")))
+    try:
+        return HfApi().create_commit(repo_id, operations, commit_message=message)
+    except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
+        raise UsageError(
+            f"{what} is saved in {folder}, but pushing it to --hub_model_id {repo_id} failed "
+            f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} {folder}`."
+        ) from None
