@@ -23,6 +23,7 @@ sys.path.insert(0, str(HERE.parent))  # run_mlm.py lives at the repository root
 
 import run_mlm  # noqa: E402
 from machine import describe_machine  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
 from training_speed import CONFIGS, build_variant, masked_batches, seconds_per_step  # noqa: E402
 
 
@@ -50,8 +51,8 @@ def sequences_per_second(iterator, batches, batch_size):
 def main():
     args = parse_args()
     print(f"Machine: {describe_machine()}")
-    tokenizer = run_mlm.load_tokenizer(args.tokenizer, trust_remote_code=False)
-    manifest = run_mlm.read_manifest(args.train_dataset, "--train_dataset")
+    tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
+    manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
     flags = argparse.Namespace(
         seed=0, shuffle_buffer_size=args.shuffle_buffer_size, mlm_probability=args.mlm_probability
     )

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py lives at the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # mlm_pipeline/ lives at the repository root
 
-import run_mlm  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
+from mlm_pipeline.errors import UsageError  # noqa: E402
 
 
 def parse_args():
@@ -36,10 +37,10 @@ def read_ids(folder, flag):
     import numpy as np
     import tensorflow as tf
 
-    manifest = run_mlm.read_manifest(folder, flag)  # checked, with the shard files it lists
-    feature = {run_mlm.FEATURE_NAME: tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
+    manifest = contract.read_manifest(folder, flag)  # checked, with the shard files it lists
+    feature = contract.record_features(manifest["max_length"])
     records = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
-    batches = [batch[run_mlm.FEATURE_NAME].numpy() for batch in records.map(lambda x: tf.io.parse_example(x, feature))]
+    batches = [batch[contract.FEATURE_NAME].numpy() for batch in records.map(lambda x: tf.io.parse_example(x, feature))]
     return np.concatenate(batches).astype(np.int32), manifest
 
 
@@ -50,7 +51,7 @@ def main():
     try:
         train, manifest = read_ids(args.train_dataset, "--train_dataset")
         evaluation, _ = read_ids(args.eval_dataset, "--eval_dataset")
-    except run_mlm.UsageError as error:
+    except UsageError as error:
         sys.exit(f"error: {error}")
     vocab = manifest["vocab_size"]
     special = np.array(sorted(set(manifest["special_token_ids"].values())))

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py li
 
 import run_mlm  # noqa: E402
 from machine import describe_machine  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
 
 CYCLE, FIRST_ID, BATCH, LENGTH = 500, 100, 32, 128
 
@@ -45,7 +46,7 @@ def main():
     import tf_keras
 
     print(f"Machine: {describe_machine()}")
-    tokenizer = run_mlm.load_tokenizer(args.tokenizer, trust_remote_code=False)
+    tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     if len(tokenizer) < FIRST_ID + CYCLE:
         sys.exit(f"--tokenizer {args.tokenizer} has {len(tokenizer)} ids; the toy needs {FIRST_ID + CYCLE}.")
     architecture = {

@@ -94,6 +94,7 @@ def floor_child(args):
 def load_script(path):
     import importlib.util
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the script's own mlm_pipeline package, if any
     spec = importlib.util.spec_from_file_location("prepare_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -19,6 +19,7 @@ sys.path.insert(0, str(HERE.parent))  # run_mlm.py lives at the repository root
 
 import run_mlm  # noqa: E402
 from machine import describe_machine  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
 from training_speed import CONFIGS  # noqa: E402
 
 
@@ -73,8 +74,8 @@ def train(head, args, tokenizer, manifest):
 def main():
     args = parse_args()
     print(f"Machine: {describe_machine()}")
-    tokenizer = run_mlm.load_tokenizer(args.tokenizer, trust_remote_code=False)
-    manifest = run_mlm.read_manifest(args.train_dataset, "--train_dataset")
+    tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
+    manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
     full_losses, full_seconds = train("full", args, tokenizer, manifest)
     sparse_losses, sparse_seconds = train("sparse", args, tokenizer, manifest)
 

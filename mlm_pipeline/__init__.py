@@ -9,10 +9,11 @@ own. Scripts import these modules; nothing here imports a script.
     storage         local or gs:// output folders, checked before any work (a short-lived Cloud Storage probe)
     contract        the files the steps hand on: names, manifest keys, the record feature; reading them back
     corpus          reading a local corpus file or a Hub dataset as a stream of texts
-    shard_workers   prepare_tfrecord_shards.py on several machines: parts, clean-up, --merge
+    shard_workers   prepare_tfrecord_shards.py on several machines: worker flags, parts, the manifest, --merge
+    split_folder    a split's folder while it is written: whose files are whose, clean-up, files written whole
     hosts           run_mlm.py on several hosts: which process writes, which shards each host reads
     checkpoints     run_mlm.py's output folder, checkpoints and resume
-    training_logs   TensorBoard scalars, the CSV log, the curves PNG, the closing summary line
+    training_logs   the accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG, the summary line
     pytorch_export  the PyTorch copy of a TF masked LM, written without torch, for transformers 5
     model_card      the README.md cards of the model and the tokenizer
     hub             Hub repositories and pushes over HTTP, in the background during training

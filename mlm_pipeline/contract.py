@@ -183,3 +183,32 @@ def find_corrupt_shard(files):
         except tf.errors.DataLossError:
             return path
     return None
+
+
+def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_name, max_length=None):
+    """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked before
+    anything expensive happens: each agrees with --max_length (when given) and the tokenizer, the two agree
+    with each other, and every shard is whole."""
+    manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
+    if eval_dataset:
+        manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
+    for flag, manifest in manifests.items():
+        if max_length is not None and manifest["max_length"] != max_length:
+            raise UsageError(
+                f"--max_length {max_length} differs from the {manifest['max_length']} of the shards in {flag}; "
+                f"pass --max_length {manifest['max_length']} or rewrite the shards."
+            )
+        if manifest["vocab_size"] != len(tokenizer):
+            raise UsageError(
+                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} tokens, but "
+                f"--tokenizer {tokenizer_name} has {len(tokenizer)}; pass the tokenizer the shards were made with."
+            )
+    train, evaluation = manifests["--train_dataset"], manifests.get("--eval_dataset")
+    if evaluation is not None and evaluation["max_length"] != train["max_length"]:
+        raise UsageError(
+            f"train shards have max_length {train['max_length']} but eval shards have {evaluation['max_length']}; "
+            "write both with the same --max_length."
+        )
+    for flag, manifest in manifests.items():
+        check_shards(manifest, flag, len(tokenizer))
+    return train, evaluation

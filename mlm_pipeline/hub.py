@@ -78,3 +78,124 @@ def push_folder_files(repo_id, folder, names, card_text, message, what="the file
             f"{what} is saved in {folder}, but pushing it to --hub_model_id {repo_id} failed "
             f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} {folder}`."
         ) from None
+
+
+class HubPusher:
+    """Pushes run_mlm.py's model to a Hub repository: a snapshot at each epoch end, the final model last.
+
+    Every push is one commit of a snapshot folder laid out as run_mlm.py saves the model: config.json and
+    tf_model.h5, the tokenizer, the PyTorch copy in pytorch/ (unless `pytorch_copy` is false) and the model
+    card, whose text `card(trainer, metrics)` gives (`trainer`: run_mlm.py's Keras trainer, its model in
+    `trainer.masked_lm`). The repository is created, or found, when the pusher is made, so a wrong id or a
+    missing login stops the run before anything is built or written.
+
+    During training, push_in_background() writes a snapshot to a local staging folder on the training
+    thread (the weights must be read between steps) and uploads it from a worker thread while training
+    goes on. While that upload runs, further requests are skipped rather than queued: a queue could grow
+    without bound on a slow link, and only the newest weights matter. The worker is a daemon thread, so a
+    stuck upload can never keep a failed run from exiting. push_final() lets a running upload finish (so it
+    cannot land after the final model), then pushes the final model and waits for it.
+    """
+
+    def __init__(self, repo_id, private, output_dir, tokenizer, pytorch_copy, card):
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import disable_progress_bars
+
+        self.repo_id = open_repository(repo_id, private, leave_out="--hub_model_id")
+        self.api = HfApi()
+        self.output_dir, self.tokenizer, self.pytorch_copy, self.card = output_dir, tokenizer, pytorch_copy, card
+        disable_progress_bars()  # upload bars from the worker thread would cut through Keras's progress lines
+        self.upload = None  # the worker thread of the latest background push
+        print(f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the final model last.")
+
+    def uploading(self):
+        return self.upload is not None and self.upload.is_alive()
+
+    def write_snapshot(self, folder, trainer, card_text):
+        """What a push publishes: the model, its tokenizer and the card, as run_mlm.py's save() lays them out."""
+        import os
+
+        from .contract import MODEL_CARD_NAME
+        from .pytorch_export import write_pytorch_copy
+
+        trainer.masked_lm.save_pretrained(folder)
+        if self.pytorch_copy:  # what transformers 5 users on the Hub load
+            write_pytorch_copy(trainer.masked_lm, self.tokenizer, folder)
+        self.tokenizer.save_pretrained(folder)
+        with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
+            file.write(card_text)
+
+    def push_in_background(self, trainer, metrics, message):
+        """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True if started."""
+        import tempfile
+        import threading
+
+        if self.uploading():
+            return False
+        staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the run fail
+        self.write_snapshot(staging.name, trainer, self.card(trainer, metrics))
+        self.upload = threading.Thread(target=self.upload_snapshot, args=(staging, message), daemon=True)
+        self.upload.start()
+        return True
+
+    def upload_snapshot(self, staging, message):
+        import sys
+
+        try:
+            self.api.upload_folder(repo_id=self.repo_id, folder_path=staging.name, commit_message=message)
+            print(f"Pushed to {self.repo_id}: {message}")
+        except Exception as error:  # training goes on: the final push sends everything again
+            print(
+                f"run_mlm.py: warning: the Hub push '{message}' failed ({hub_error_text(error)}); training goes "
+                "on, and the final model is pushed at the end.",
+                file=sys.stderr,
+            )
+        finally:
+            staging.cleanup()
+
+    def epoch_end_callback(self, total_steps):
+        """A Keras callback that pushes a snapshot at each epoch end, in the background; none at the last
+        (the step `total_steps`), which push_final() covers."""
+        import tf_keras
+
+        pusher = self
+
+        class PushAtEpochEnd(tf_keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                step = int(self.model.optimizer.iterations.numpy())
+                if step >= total_steps:
+                    return
+                message = f"Epoch {epoch + 1}: step {step} of {total_steps}"
+                if not pusher.push_in_background(self.model, dict(logs or {}), message):
+                    print(f"Skipped the Hub push of epoch {epoch + 1}: the previous push is still uploading.")
+
+        return PushAtEpochEnd()
+
+    def push_final(self, trainer, card_text, message):
+        """Push the final model and wait; a failure is one line, and the model stays saved in the output folder."""
+        import os
+        import tempfile
+
+        import tensorflow as tf
+
+        from .contract import CURVES_NAME
+        from .storage import is_remote
+
+        if self.uploading():
+            print("Waiting for the previous Hub push to finish before pushing the final model.")
+            self.upload.join()
+        try:
+            with tempfile.TemporaryDirectory(prefix="hub-push-") as staging:
+                self.write_snapshot(staging, trainer, card_text)
+                curves = f"{self.output_dir.rstrip('/')}/{CURVES_NAME}"
+                if tf.io.gfile.exists(curves):  # the final push shows how training went
+                    tf.io.gfile.copy(curves, os.path.join(staging, CURVES_NAME))
+                commit = self.api.upload_folder(repo_id=self.repo_id, folder_path=staging, commit_message=message)
+        except Exception as error:
+            local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
+            raise UsageError(
+                f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id {self.repo_id} failed "
+                f"({hub_error_text(error)}); push it later with `hf upload {self.repo_id} {self.output_dir} "
+                f"--exclude 'checkpoints/*'`{local_copy}."
+            ) from None
+        print(f"Pushed the final model, its tokenizer and model card to the Hub: {commit.commit_url}")

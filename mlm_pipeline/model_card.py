@@ -37,3 +37,144 @@ def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
             "",
         ]
     )
+
+
+def model_card(args, config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics):
+    """run_mlm.py's model card (README.md): what the model is, its data, its settings and its results so far.
+
+    `args` are run_mlm.py's flags, as the card reports them; `manifests` the train and evaluation manifests
+    (the second may be None); `planned_steps` the run's (total steps, steps per epoch); `trainer` the fitted
+    model (its optimizer counts the steps taken, in this process or before a resume) and `metrics` the figures
+    of the latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
+    """
+    import math
+    import os
+
+    from .contract import PYTORCH_DIR
+
+    train_manifest, eval_manifest = manifests
+    total_steps, steps_per_epoch = planned_steps
+    steps = int(trainer.optimizer.iterations.numpy())
+    max_length = train_manifest["max_length"]
+    warmup_steps = int(args.warmup_ratio * total_steps)
+    name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
+    where = args.hub_model_id or args.output_dir
+    mask = tokenizer.mask_token
+
+    def number(key, digits=4):
+        value = metrics.get(key)
+        return "–" if value is None else f"{float(value):.{digits}f}"
+
+    def percent(key):
+        value = metrics.get(key)
+        return "–" if value is None else f"{100 * float(value):.2f}%"
+
+    train_perplexity = math.exp(min(float(metrics["loss"]), 50.0)) if "loss" in metrics else None
+    if steps >= total_steps:
+        status = f"Training finished after {steps:,} optimizer steps."
+    else:
+        status = (
+            f"**Training in progress**: this snapshot was taken after step {steps:,} of {total_steps:,}. The "
+            "weights and this card are replaced at every push, and by the final model at the end."
+        )
+    data_rows = [("train", args.train_dataset, train_manifest)]
+    if eval_manifest is not None:
+        data_rows.append(("evaluation", args.eval_dataset, eval_manifest))
+    data_table = "\n".join(
+        f"| {split} | `{folder}` | {manifest.get('source', '–')} | {manifest['records']:,} | "
+        f"{manifest['records'] * manifest['max_length']:,} |"
+        for split, folder, manifest in data_rows
+    )
+    evaluation_note = (
+        "" if eval_manifest is not None else "\nNo evaluation shards were given, so there are no evaluation figures.\n"
+    )
+    tags = ["fill-mask", "tensorflow", "masked-language-modeling", config.model_type, "pretrained-from-scratch"]
+    lines = [
+        metadata_block(library_name="transformers", pipeline_tag="fill-mask", tags=tags),
+        "",
+        f"# {name}",
+        "",
+        f"A {config.model_type} masked language model with {trainer.masked_lm.count_params():,} parameters, "
+        "pretrained from scratch (random initial weights, no checkpoint of another model) by `run_mlm.py` with "
+        "Keras `fit`: the last step of a TensorFlow pipeline whose first steps train a Unigram tokenizer "
+        "(`train_unigram.py`) and pack text into TFRecord shards (`prepare_tfrecord_shards.py`). The weights "
+        "are TensorFlow's (`tf_model.h5`, for transformers 4.x); `pytorch/` holds the same model for transformers 5 "
+        "and PyTorch (`model.safetensors`) unless the run was told not to write it.",
+        "",
+        status,
+        "",
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf", dtype=None)  # transformers 4.x, TF',
+        f'print(fill_mask("The river runs under the old {mask} of the city."))',
+        "```",
+        "",
+        "With transformers 5 and PyTorch:",
+        "",
+        "```python",
+        "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
+        "",
+        f'model = AutoModelForMaskedLM.from_pretrained("{where}", subfolder="{PYTORCH_DIR}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}", subfolder="{PYTORCH_DIR}")',
+        'fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)',
+        "```",
+        "",
+        "## Training data",
+        "",
+        "| split | shards | source | sequences | tokens |",
+        "|---|---|---|---|---|",
+        data_table,
+        "",
+        f"Each sequence holds {max_length} tokens, none of them padding. How the shards were packed, in their "
+        f"manifest's words: {train_manifest.get('packing', 'not recorded')}. Tokenizer: `{args.tokenizer}`, "
+        f"{len(tokenizer):,} tokens in its vocabulary.",
+        "",
+        "## Training procedure",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| architecture | {config.model_type} |",
+        f"| layers / hidden size / attention heads | {config.num_hidden_layers} / {config.hidden_size} / "
+        f"{config.num_attention_heads} |",
+        f"| feed-forward size / position embeddings | {config.intermediate_size} / {config.max_position_embeddings} |",
+        f"| batch | {global_batch_size} sequences of {max_length} tokens ({args.per_replica_batch_size} per replica, "
+        f"{global_batch_size // args.per_replica_batch_size} replica(s)) |",
+        f"| steps | {total_steps:,} ({steps_per_epoch:,} per epoch) |",
+        f"| optimizer | AdamW, weight decay {args.weight_decay_rate} (not on biases and layer norms) |",
+        f"| learning rate | peak {args.learning_rate:g}, linear warmup over {warmup_steps:,} steps "
+        f"({args.warmup_ratio:g} of them), then linear decay to 0 |",
+        f"| masking | {args.mlm_probability:.0%} of the non-special tokens of each sequence: 80% become "
+        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch |",
+        f"| loss | cross-entropy at the masked positions ({args.mlm_head} LM head) |",
+        f"| precision | {'mixed bfloat16' if args.bfloat16 else 'float32'} |",
+        f"| seed | {args.seed} |",
+        "",
+        "## Results",
+        "",
+        f"After {steps:,} steps, {steps * global_batch_size * max_length:,} tokens seen. Train figures are the "
+        "means over the last epoch; all of them count the masked positions only.",
+        "",
+        "| metric | train | evaluation |",
+        "|---|---|---|",
+        f"| masked-LM loss | {number('loss')} | {number('val_loss')} |",
+        f"| perplexity | {'–' if train_perplexity is None else f'{train_perplexity:.2f}'} | "
+        f"{number('val_perplexity', 2)} |",
+        f"| masked accuracy (every labelled position) | {percent('masked_accuracy')} | "
+        f"{percent('val_masked_accuracy')} |",
+        f"| accuracy at `{mask}` | {percent('mask_token_accuracy')} | {percent('val_mask_token_accuracy')} |",
+        evaluation_note,
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(card_text, output_dir):
+    """<output_dir>/README.md (local or gs://)."""
+    import tensorflow as tf
+
+    from .contract import MODEL_CARD_NAME
+
+    with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/{MODEL_CARD_NAME}", "w") as file:
+        file.write(card_text)

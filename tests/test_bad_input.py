@@ -131,11 +131,11 @@ FLAG_CASES = [
         "--tokenizer_name_or_path", exit_code=2,
     ),  # fmt: skip
     case("prepare: --max_length 12.5", PREPARE + " --max_length 12.5", "--max_length", "'12.5'", exit_code=2),
-    case("prepare: --max_length -5", PREPARE + " --max_length -5", "--max_length -5"),
-    case("prepare: --shard_size 0", PREPARE + " --shard_size 0", "--shard_size 0"),
-    case("prepare: --batch_size -1", PREPARE + " --batch_size -1", "--batch_size -1"),
-    case("prepare: --limit -3", PREPARE + " --limit -3", "--limit -3"),
-    case("prepare: --num_proc 0", PREPARE + " --num_proc 0", "--num_proc 0"),
+    case("prepare: --max_length -5", PREPARE + " --max_length -5", "--max_length: -5 must be a positive", exit_code=2),
+    case("prepare: --shard_size 0", PREPARE + " --shard_size 0", "--shard_size: 0 must be a positive", exit_code=2),
+    case("prepare: --batch_size -1", PREPARE + " --batch_size -1", "--batch_size: -1 must be a positive", exit_code=2),
+    case("prepare: --limit -3", PREPARE + " --limit -3", "--limit: -3 must be a positive", exit_code=2),
+    case("prepare: --num_proc 0", PREPARE + " --num_proc 0", "--num_proc: 0 must be a positive", exit_code=2),
     case("prepare: unknown split", PREPARE + " --split dev", "'dev'", "train, validation, test"),
     case("prepare: split without its file", PREPARE + " --split validation", "--split validation", "--validation_file"),
     case("prepare: missing corpus", PREPARE + " --train_file {out}.txt", "--train_file {out}.txt", "does not exist"),
@@ -166,8 +166,12 @@ FLAG_CASES = [
         PREPARE + " --train_file {not_utf8} --batch_size 5 --shard_size 5",
         "{not_utf8}", "not UTF-8", "line {not_utf8_line}", "0xe9",
     ),  # fmt: skip
-    case("prepare: --rows_per_block 0", PREPARE + " --rows_per_block 0", "--rows_per_block 0"),
-    case("prepare: --num_workers 0", PREPARE + " --num_workers 0", "--num_workers 0"),
+    case(
+        "prepare: --rows_per_block 0",
+        PREPARE + " --rows_per_block 0",
+        "--rows_per_block: 0 must be a positive", exit_code=2,
+    ),  # fmt: skip
+    case("prepare: --num_workers 0", PREPARE + " --num_workers 0", "--num_workers: 0 must be a positive", exit_code=2),
     case("prepare: --num_workers, no index", PREPARE + " --num_workers 3", "--num_workers 3", "--worker_index 0 to 2"),
     case("prepare: --worker_index alone", PREPARE + " --worker_index 1", "--worker_index 1", "--num_workers 1"),
     case(
@@ -196,9 +200,13 @@ FLAG_CASES = [
     case("run_mlm: --max_steps ten", RUN_MLM + " --max_steps ten", "--max_steps", "'ten'", exit_code=2),
     case("run_mlm: --mlm_probability 1.5", RUN_MLM + " --mlm_probability 1.5", "--mlm_probability 1.5"),
     case("run_mlm: --mlm_probability 0", RUN_MLM + " --mlm_probability 0", "--mlm_probability 0"),
-    case("run_mlm: --per_replica_batch_size -1", RUN_MLM + " --per_replica_batch_size -1", "batch_size -1"),
+    case(
+        "run_mlm: --per_replica_batch_size -1",
+        RUN_MLM + " --per_replica_batch_size -1",
+        "--per_replica_batch_size: -1 must be a positive", exit_code=2,
+    ),  # fmt: skip
     case("run_mlm: --max_length -5", RUN_MLM + " --max_length -5", "--max_length -5"),
-    case("run_mlm: --max_steps 0", RUN_MLM + " --max_steps 0", "--max_steps 0"),
+    case("run_mlm: --max_steps 0", RUN_MLM + " --max_steps 0", "--max_steps: 0 must be a positive", exit_code=2),
     case("run_mlm: --warmup_ratio 1", RUN_MLM + " --warmup_ratio 1", "--warmup_ratio 1"),
     case(
         "run_mlm: --jit_compile with replicas",

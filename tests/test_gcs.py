@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-import run_mlm
 from conftest import MAX_LENGTH, REPO, SHARD_SIZE, TINY_MODEL, subprocess_env
 from gcs_emulator import GcsEmulator
+from mlm_pipeline import contract
 
 BUCKET = "test-bucket"
 BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
@@ -113,7 +113,7 @@ def test_prepare_writes_the_same_shards_to_gcs_as_to_a_local_folder(gcs, gcs_sha
 
 def latest_checkpoint_step(gcs, run):
     """The step of the newest checkpoint the `checkpoint` state object names, or None before the first."""
-    name = f"{run}/{run_mlm.CHECKPOINT_DIR}/checkpoint"
+    name = f"{run}/{contract.CHECKPOINT_DIR}/checkpoint"
     if name not in gcs.list_objects(BUCKET, name):
         return None
     match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', gcs.download(BUCKET, name).decode(), re.M)
@@ -146,7 +146,7 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
 
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # Killed once the first epoch is over: its checkpoint and its row of the training log are in the bucket.
-    kill_once_in_bucket(process, gcs, f"{run}/{run_mlm.TRAINING_LOG_NAME}")
+    kill_once_in_bucket(process, gcs, f"{run}/{contract.TRAINING_LOG_NAME}")
     saved_step = latest_checkpoint_step(gcs, run)
     assert per_epoch <= saved_step < total
     assert f"{run}/config.json" not in gcs.list_objects(BUCKET, run)  # not a finished model
@@ -154,24 +154,24 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     # The same command again: it finds the checkpoint on gs://, resumes there and finishes.
     rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    checkpoints = f"gs://{BUCKET}/{run}/{run_mlm.CHECKPOINT_DIR}"
+    checkpoints = f"gs://{BUCKET}/{run}/{contract.CHECKPOINT_DIR}"
     assert f"Resuming from {checkpoints}/ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout
     assert f"Finished: {total:,} steps" in rerun.stdout
 
     objects = gcs.list_objects(BUCKET, f"{run}/")
     names = {name.removeprefix(f"{run}/") for name in objects}
     model_files = {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
-    model_files |= {f"{run_mlm.PYTORCH_DIR}/{name}" for name in ("config.json", "tokenizer.json", "model.safetensors")}
-    model_files |= {run_mlm.CURVES_NAME, "README.md"}
+    model_files |= {f"{contract.PYTORCH_DIR}/{name}" for name in ("config.json", "tokenizer.json", "model.safetensors")}
+    model_files |= {contract.CURVES_NAME, "README.md"}
     assert model_files <= names, names
     assert all(objects[f"{run}/{name}"] > 0 for name in model_files)
     assert not [name for name in names if ".saving-" in name or name.endswith(".tmp")], names  # no staging left
     assert latest_checkpoint_step(gcs, run) == total
-    assert f"{run_mlm.CHECKPOINT_DIR}/ckpt-{total}.index" in names
-    assert f"{run_mlm.CHECKPOINT_DIR}/{run_mlm.RUN_SETTINGS_NAME}" in names
+    assert f"{contract.CHECKPOINT_DIR}/ckpt-{total}.index" in names
+    assert f"{contract.CHECKPOINT_DIR}/{contract.RUN_SETTINGS_NAME}" in names
     # One row per epoch: the killed run wrote the first, its rerun appended the second (an append on gs://
     # rewrites the whole object).
-    log = gcs.download(BUCKET, f"{run}/{run_mlm.TRAINING_LOG_NAME}").decode().splitlines()
+    log = gcs.download(BUCKET, f"{run}/{contract.TRAINING_LOG_NAME}").decode().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"], log
 
     from transformers import pipeline

@@ -16,6 +16,7 @@ import run_mlm
 import train_unigram
 from conftest import TINY_MODEL, VOCAB_SIZE, last_line
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process, use_fake_hub
+from mlm_pipeline import contract, hub
 
 TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
@@ -41,7 +42,7 @@ def run_mlm_argv(shards_dir, tokenizer_dir, output_dir, *extra):
 
 
 def training_log_rows(output_dir):
-    path = output_dir / run_mlm.TRAINING_LOG_NAME
+    path = output_dir / contract.TRAINING_LOG_NAME
     if not path.exists():
         return []
     with path.open() as file:
@@ -105,15 +106,16 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     snapshot, final = hub.commits("tester/mlm")
     assert "Skipped the Hub push of epoch 2" in capsys.readouterr().out
     # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its own, as save() lays them out.
-    pytorch = {f"{run_mlm.PYTORCH_DIR}/{name}" for name in {"config.json", *TOKENIZER_FILES, run_mlm.PYTORCH_WEIGHTS_NAME}}
+    names = {"config.json", *TOKENIZER_FILES, contract.PYTORCH_WEIGHTS_NAME}
+    pytorch = {f"{contract.PYTORCH_DIR}/{name}" for name in names}
     published = MODEL_FILES | TOKENIZER_FILES | {"README.md"} | pytorch
-    assert set(snapshot.files) == published and set(final.files) == published | {run_mlm.CURVES_NAME}
+    assert set(snapshot.files) == published and set(final.files) == published | {contract.CURVES_NAME}
     assert snapshot.message.startswith("Epoch 1:") and final.message.startswith("Final model:")
     assert "Training in progress" in snapshot.files["README.md"].decode()
     assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]  # two more epochs changed the weights
 
     # The final commit is the saved model: the same config, tokenizer and card, and the same weights.
-    for name in ("config.json", *TOKENIZER_FILES, "README.md", *pytorch, run_mlm.CURVES_NAME):
+    for name in ("config.json", *TOKENIZER_FILES, "README.md", *pytorch, contract.CURVES_NAME):
         assert final.files[name] == (output_dir / name).read_bytes(), name
     pushed_weights = tmp_path / "pushed.h5"
     pushed_weights.write_bytes(final.files["tf_model.h5"])
@@ -176,6 +178,13 @@ def hub_pusher_args(repo_id):
     return run_mlm.parse_args(argv)
 
 
+def hub_pusher(args):
+    """The pusher run_mlm.main() makes for these flags, before any model or tokenizer exists."""
+    return hub.HubPusher(
+        args.hub_model_id, args.hub_private, args.output_dir, tokenizer=None, pytorch_copy=True, card=None
+    )
+
+
 @pytest.mark.parametrize(
     ("hub_settings", "client_token", "repo_id", "expected"),
     [
@@ -192,7 +201,7 @@ def test_a_hub_that_cannot_be_used_is_one_line_at_start(
         connect(hub)
         monkeypatch.setenv("HF_TOKEN", client_token)
         with pytest.raises(run_mlm.UsageError) as failure:
-            run_mlm.HubPusher(hub_pusher_args(repo_id), tokenizer=None, max_length=None, card=None)
+            hub_pusher(hub_pusher_args(repo_id))
     message = str(failure.value)
     assert "\n" not in message and expected in message
     assert message.startswith(f"could not create or find the Hub repository --hub_model_id {repo_id} ")
@@ -204,7 +213,7 @@ def test_no_hub_token_is_one_line_before_any_request(connect, monkeypatch):
         connect(hub)
         monkeypatch.delenv("HF_TOKEN")  # and conftest.py's HF_HOME holds no saved login
         with pytest.raises(run_mlm.UsageError, match=r"needs a Hub token with write access: run `hf auth login`"):
-            run_mlm.HubPusher(hub_pusher_args("tester/mlm"), tokenizer=None, max_length=None, card=None)
+            hub_pusher(hub_pusher_args("tester/mlm"))
     assert hub.requests == []
 
 

@@ -2,7 +2,6 @@
 lockstep under MultiWorkerMirroredStrategy, seeing every training sequence once per epoch, the chief alone writing."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 
 import run_mlm
 from conftest import MAX_LENGTH, REPO, subprocess_env
+from mlm_pipeline import contract, hosts
 
 PER_REPLICA = 7
 SHARD_SIZE = 161  # the session corpus's 322 train sequences make two equal shards: one per worker
@@ -129,26 +129,26 @@ def test_together_the_workers_see_every_sequence_once_per_epoch(cluster, equal_s
 def test_the_chief_alone_writes(cluster):
     folder = cluster["folder"]
     model = folder / "model"
-    for name in ("config.json", "tf_model.h5", "tokenizer.json", run_mlm.TRAINING_LOG_NAME, run_mlm.CURVES_NAME):
+    for name in ("config.json", "tf_model.h5", "tokenizer.json", contract.TRAINING_LOG_NAME, contract.CURVES_NAME):
         assert (model / name).is_file(), name
-    checkpoints = sorted(path.name for path in (model / run_mlm.CHECKPOINT_DIR).iterdir())
+    checkpoints = sorted(path.name for path in (model / contract.CHECKPOINT_DIR).iterdir())
     assert "checkpoint" in checkpoints and any(name.startswith("ckpt-") for name in checkpoints)
-    assert len(list((model / run_mlm.TENSORBOARD_DIR).iterdir())) == 1  # one event file: the chief's
+    assert len(list((model / contract.TENSORBOARD_DIR).iterdir())) == 1  # one event file: the chief's
     # The other worker saved its checkpoints into a scratch folder of its own and removed it at the end.
     assert list((folder / "tmp1").iterdir()) == []
-    rows = (model / run_mlm.TRAINING_LOG_NAME).read_text().strip().splitlines()
+    rows = (model / contract.TRAINING_LOG_NAME).read_text().strip().splitlines()
     assert len(rows) == 1 + EPOCHS  # a header and one row per epoch, written once
 
 
 def test_more_hosts_than_shard_files_is_refused():
     manifest = {"files": ["a", "b", "c"], "shards": [{"records": 100}] * 3}
     with pytest.raises(run_mlm.UsageError, match="has 3 shard file.*4 hosts.*at least 4 shards"):
-        run_mlm.split_between_pipelines(manifest, "--train_dataset", 4, 8)
+        hosts.split_between_pipelines(manifest, "--train_dataset", 4, 8)
 
 
 def test_an_epoch_lasts_as_long_as_the_smallest_pipeline():
     manifest = {"files": ["a", "b", "c", "d", "e"], "shards": [{"records": count} for count in (100, 100, 100, 100, 30)]}
-    files, steps = run_mlm.split_between_pipelines(manifest, "--train_dataset", 2, 8)
+    files, steps = hosts.split_between_pipelines(manifest, "--train_dataset", 2, 8)
     assert files == [["a", "c", "e"], ["b", "d"]]
     assert steps == 200 // 8
 

@@ -10,6 +10,7 @@ import pytest
 
 import prepare_tfrecord_shards as prepare
 from conftest import MAX_LENGTH, SHARD_SIZE, make_corpus_lines, read_lines, write_lines
+from mlm_pipeline import corpus
 
 SHARD_NAME = re.compile(
     r"^(?P<split>train|validation|test)-(?P<block>\d{5})-(?P<index>\d{5})-(?P<count>\d+)\.tfrecord$"
@@ -288,8 +289,7 @@ def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
     path = tmp_path / "tricky.txt"
     path.write_bytes(text.encode("utf-8"))
     builder = datasets.load_dataset("text", data_files={"train": str(path)}, split="train", streaming=True)
-    args = prepare.parse_args(["--train_file", str(path), "--tokenizer_name_or_path", "t", "--output_dir", "o"])
-    assert list(prepare.text_file_lines(str(path), args)) == [row["text"] for row in builder]
+    assert list(corpus.text_file_lines(str(path))) == [row["text"] for row in builder]
 
 
 def flat(lists):

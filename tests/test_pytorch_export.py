@@ -16,6 +16,7 @@ import pytest
 
 import run_mlm
 from conftest import REPO, TINY_MODEL, subprocess_env
+from mlm_pipeline import contract
 
 TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_REQUIREMENTS = REPO / "requirements-export-test.txt"
@@ -89,7 +90,7 @@ def transformers5(transformers5_python, trained, tmp_path_factory):
     """{model type: what transformers 5 made of the folder}, from one subprocess in .venv-transformers5."""
     folder = tmp_path_factory.mktemp("transformers5")
     request, report = folder / "request.json", folder / "report.json"
-    folders = {model_type: str(output_dir / run_mlm.PYTORCH_DIR) for model_type, (_, output_dir) in trained.items()}
+    folders = {model_type: str(output_dir / contract.PYTORCH_DIR) for model_type, (_, output_dir) in trained.items()}
     request.write_text(json.dumps({"folders": folders, "sentences": SENTENCES, "top_k": TOP_K}))
     result = subprocess.run(
         [str(transformers5_python), str(TRANSFORMERS5_SCRIPT), str(request), str(report)],
@@ -174,7 +175,7 @@ def test_copy_holds_pytorch_names_and_layouts(model_type, trained):
     from transformers.modeling_tf_pytorch_utils import convert_tf_weight_name_to_pt_weight_name
 
     masked_lm, output_dir = trained[model_type]
-    path = output_dir / run_mlm.PYTORCH_DIR / run_mlm.PYTORCH_WEIGHTS_NAME
+    path = output_dir / contract.PYTORCH_DIR / contract.PYTORCH_WEIGHTS_NAME
     with safe_open(str(path), framework="numpy") as file:
         assert file.metadata() == {"format": "pt"}  # what transformers reads to treat the tensors as PyTorch's
     tensors = load_file(str(path))
@@ -194,7 +195,7 @@ def test_tensorflow_pipeline_still_loads_the_folder_as_it_is(model_type, trained
     from transformers import pipeline
 
     _, output_dir = trained[model_type]
-    assert not (output_dir / run_mlm.PYTORCH_WEIGHTS_NAME).exists()
+    assert not (output_dir / contract.PYTORCH_WEIGHTS_NAME).exists()
     fill_mask = pipeline("fill-mask", model=str(output_dir), dtype=None)
     expected = tensorflow[model_type]
     masked_logits = expected["logits"][expected["input_ids"] == expected["mask_token_id"]]
@@ -214,15 +215,15 @@ def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monk
     real_replace = run_mlm.os.replace
     monkeypatch.setattr(run_mlm.os, "replace", replace)
     run_mlm.save(masked_lm, tokenizer, str(tmp_path / "with"))
-    assert run_mlm.PYTORCH_DIR in published and published[-1] == "config.json"
-    copy = tmp_path / "with" / run_mlm.PYTORCH_DIR
-    assert {"config.json", "tokenizer.json", run_mlm.PYTORCH_WEIGHTS_NAME} <= {path.name for path in copy.iterdir()}
+    assert contract.PYTORCH_DIR in published and published[-1] == "config.json"
+    copy = tmp_path / "with" / contract.PYTORCH_DIR
+    assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {path.name for path in copy.iterdir()}
     run_mlm.save(masked_lm, tokenizer, str(tmp_path / "with"))  # replacing a saved model replaces its copy too
     assert copy.is_dir()
     published.clear()
     run_mlm.save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
-    assert run_mlm.PYTORCH_DIR not in published and published[-1] == "config.json"
-    assert not (tmp_path / "without" / run_mlm.PYTORCH_DIR).exists()
+    assert contract.PYTORCH_DIR not in published and published[-1] == "config.json"
+    assert not (tmp_path / "without" / contract.PYTORCH_DIR).exists()
 
 
 def test_export_refuses_a_pad_id_other_than_1(tokenizer, tmp_path):
@@ -264,7 +265,7 @@ def test_no_pytorch_export_trains_any_model_type(shards_dir, tokenizer_dir, tmp_
     )  # fmt: skip
     assert int(trainer.optimizer.iterations.numpy()) == 1
     assert (output_dir / "config.json").is_file() and (output_dir / "tf_model.h5").is_file()
-    assert not (output_dir / run_mlm.PYTORCH_DIR).exists()
+    assert not (output_dir / contract.PYTORCH_DIR).exists()
 
 
 def test_untied_word_embeddings_are_refused_before_training(shards_dir, tokenizer_dir, tmp_path):

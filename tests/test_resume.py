@@ -12,6 +12,7 @@ import pytest
 
 import run_mlm
 from conftest import REPO, TINY_MODEL, subprocess_env
+from mlm_pipeline import checkpoints, contract
 
 BATCH_SIZE = 8
 SAVE_STEPS = 5
@@ -36,7 +37,7 @@ def training_args(shards_dir, tokenizer_dir, output_dir, *extra):
 
 
 def latest_checkpoint_step(output_dir):
-    state = output_dir / run_mlm.CHECKPOINT_DIR / "checkpoint"
+    state = output_dir / contract.CHECKPOINT_DIR / "checkpoint"
     match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M) if state.exists() else None
     return int(match.group(1)) if match else None
 
@@ -61,7 +62,7 @@ def load_weights(folder):
     ],
 )
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, per_epoch, expected):
-    segments = run_mlm.fit_segments(start, total, per_epoch)
+    segments = checkpoints.fit_segments(start, total, per_epoch)
     assert segments == expected
     step = start
     for first_step, epoch, epochs, steps in segments:
@@ -104,7 +105,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     assert latest_checkpoint_step(interrupted) == total
 
     # The curve file holds every epoch once: the interrupted epoch is logged when the resumed run ends it.
-    log = (interrupted / run_mlm.TRAINING_LOG_NAME).read_text().splitlines()
+    log = (interrupted / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"]
 
     run_mlm.main(run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, uninterrupted, "--num_epochs", 2, "--max_steps", total)))
@@ -127,14 +128,14 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
     other = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 12, "--learning_rate", "3e-4")
     run_mlm.main(run_mlm.parse_args(first))
     (output_dir / "config.json").unlink()  # as if the run had been killed before its final save
-    checkpoints = sorted(path.name for path in (output_dir / run_mlm.CHECKPOINT_DIR).iterdir())
+    checkpoints = sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir())
 
     result = run_script("run_mlm.py", *other)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "learning_rate" in result.stderr and "--overwrite_output_dir" in result.stderr
-    assert sorted(path.name for path in (output_dir / run_mlm.CHECKPOINT_DIR).iterdir()) == checkpoints
+    assert sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir()) == checkpoints
 
     _, logs = run_mlm.main(run_mlm.parse_args(other + ["--overwrite_output_dir"]))
     assert logs["step"] == [12]  # started from step 0, not resumed from 12
-    settings = json.loads((output_dir / run_mlm.CHECKPOINT_DIR / run_mlm.RUN_SETTINGS_NAME).read_text())
+    settings = json.loads((output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text())
     assert settings["learning_rate"] == 3e-4

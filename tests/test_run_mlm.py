@@ -7,6 +7,7 @@ import pytest
 
 import run_mlm
 from conftest import MAX_LENGTH
+from mlm_pipeline import contract
 
 BATCH_SIZE = 8
 MAX_STEPS = 5
@@ -181,14 +182,14 @@ def test_overwrite_output_dir_replaces_a_finished_run(shards_dir, tokenizer_dir,
     with pytest.raises(run_mlm.UsageError, match="--overwrite_output_dir"):
         train(shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 2, eval_split=False)
     assert (tmp_path / "tf_model.h5").read_bytes() == first
-    assert (tmp_path / run_mlm.PYTORCH_DIR).is_dir()
+    assert (tmp_path / contract.PYTORCH_DIR).is_dir()
     model, _ = train(
         shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 2, "--overwrite_output_dir",
         "--no_pytorch_export", eval_split=False,
     )  # fmt: skip
     assert int(model.optimizer.iterations.numpy()) == 2
     assert (tmp_path / "tf_model.h5").read_bytes() != first
-    assert not (tmp_path / run_mlm.PYTORCH_DIR).exists()  # no PyTorch copy of the replaced model left behind
+    assert not (tmp_path / contract.PYTORCH_DIR).exists()  # no PyTorch copy of the replaced model left behind
 
 
 def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny_model, tmp_path):

@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-import prepare_tfrecord_shards
 import run_mlm
 from conftest import MAX_LENGTH
+from mlm_pipeline import contract, tf_startup, training_logs
+from mlm_pipeline.errors import UsageError
 
 BATCH_SIZE = 8
 LOGGING_STEPS = 6
@@ -34,9 +35,10 @@ def run(shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path_factory):
         trainer, logs = run_mlm.main(run_mlm.parse_args(argv))
     steps_per_epoch = read_manifest(shards_dir / "train")["records"] // BATCH_SIZE
     assert steps_per_epoch % LOGGING_STEPS, "the fixture should end each epoch between two logging points"
+    scalars = training_logs.read_scalars(str(output_dir / contract.TENSORBOARD_DIR))
     return {
         "trainer": trainer, "logs": logs, "printed": printed.getvalue(), "output_dir": output_dir,
-        "steps_per_epoch": steps_per_epoch, "scalars": run_mlm.read_scalars(str(output_dir / run_mlm.TENSORBOARD_DIR)),
+        "steps_per_epoch": steps_per_epoch, "scalars": scalars,
     }  # fmt: skip
 
 
@@ -86,7 +88,7 @@ def test_evaluation_scalars_after_each_epoch(run):
 def test_curves_png_next_to_the_model(run):
     from PIL import Image
 
-    path = run["output_dir"] / run_mlm.CURVES_NAME
+    path = run["output_dir"] / contract.CURVES_NAME
     with Image.open(path) as image:
         assert image.format == "PNG"
         width, height = image.size
@@ -122,27 +124,27 @@ def test_a_step_written_again_keeps_its_newer_value(tmp_path):
         parts = written.name.split(".")
         parts[3] = str(1000 + int(value))  # written a second apart: the second file is the newer one
         written.rename(tmp_path / ".".join(parts))
-    assert run_mlm.read_scalars(str(tmp_path))["train/loss"] == {1: 1.0, 2: 2.0, 3: 2.0}
+    assert training_logs.read_scalars(str(tmp_path))["train/loss"] == {1: 1.0, 2: 2.0, 3: 2.0}
 
 
-@pytest.mark.parametrize("module", [run_mlm, prepare_tfrecord_shards])
-def test_tensorflow_startup_log_is_shown_only_when_startup_fails(module, capfd, monkeypatch):
+def test_tensorflow_startup_log_is_shown_only_when_startup_fails(capfd, monkeypatch):
+    """The scripts load TensorFlow inside tf_startup.tensorflow_startup_log_held_back()."""
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
-    with module.tensorflow_startup_log_held_back():
+    with tf_startup.tensorflow_startup_log_held_back():
         os.write(2, b"I0000 start-up chatter\n")
     assert capfd.readouterr().err == ""
-    with pytest.raises(module.UsageError):
-        with module.tensorflow_startup_log_held_back():
+    with pytest.raises(UsageError):
+        with tf_startup.tensorflow_startup_log_held_back():
             os.write(2, b"I0000 start-up chatter\n")
-            raise module.UsageError("the user's mistake: reported alone")
+            raise UsageError("the user's mistake: reported alone")
     assert capfd.readouterr().err == ""
     with pytest.raises(RuntimeError):
-        with module.tensorflow_startup_log_held_back():
+        with tf_startup.tensorflow_startup_log_held_back():
             os.write(2, b"E0000 the reason start-up failed\n")
             raise RuntimeError("failed")
     assert "the reason start-up failed" in capfd.readouterr().err
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # asked for everything
-    with module.tensorflow_startup_log_held_back():
+    with tf_startup.tensorflow_startup_log_held_back():
         os.write(2, b"I0000 start-up chatter\n")
     assert "start-up chatter" in capfd.readouterr().err
 

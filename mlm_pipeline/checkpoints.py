@@ -1,0 +1,203 @@
+"""run_mlm.py's output folder, its checkpoints, and resuming a run that was interrupted.
+
+A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end, next to
+run_settings.json, the settings those step numbers belong to. Running the same command again resumes from
+the newest checkpoint: the weights, the optimizer's moments and its step count, which is also the position
+of the learning-rate schedule and of the data stream. A folder holding config.json holds a finished model,
+replaced only with --overwrite_output_dir.
+"""
+
+import json
+import tempfile
+
+from .contract import (
+    CHECKPOINT_DIR,
+    CURVES_NAME,
+    FINISHED_RUN_MARKER,
+    MODEL_CARD_NAME,
+    PYTORCH_DIR,
+    RUN_SETTINGS_NAME,
+    TENSORBOARD_DIR,
+    TRAINING_LOG_NAME,
+)
+from .errors import UsageError, first_line
+from .storage import check_local_output_dir, is_remote
+
+
+def checkpoint_dir(output_dir):
+    return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
+
+
+def check_output_dir(output_dir, overwrite_output_dir):
+    """A finished model is only replaced on request (prepare_output_dir() does it, once all input checks pass).
+
+    A local --output_dir that cannot be created or written is refused here, before any work; a gs:// one
+    shows its permissions only when written to.
+    """
+    import tensorflow as tf
+
+    if not is_remote(output_dir):
+        check_local_output_dir(output_dir)
+    if tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}") and not overwrite_output_dir:
+        raise UsageError(
+            f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
+            "pass --overwrite_output_dir to replace it, or choose another folder."
+        )
+
+
+def run_settings(config, train_manifest, global_batch_size, total_steps, **flags):
+    """What a checkpoint's step number means: resuming under other settings would continue another run.
+
+    `flags`: the flags that shape the stream of batches and the optimizer (seed, masking, shuffling, schedule).
+    """
+    architecture = {key: value for key, value in config.to_dict().items() if key != "transformers_version"}
+    settings = {
+        "train_records": train_manifest["records"],
+        "max_length": train_manifest["max_length"],
+        "global_batch_size": global_batch_size,
+        "total_steps": total_steps,
+        **flags,
+        "config": architecture,
+    }
+    return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)
+
+
+def prepare_output_dir(output_dir, overwrite_output_dir, settings):
+    """Start afresh, or check that the checkpoints there belong to this very run so they can be resumed.
+
+    Replacing a finished run (--overwrite_output_dir) starts afresh: its checkpoints must not be resumed, and
+    the folder must stop looking finished at once, so that an interruption of the new run is resumed when
+    the same command runs again rather than refused. The settings of a new run are recorded next to its
+    checkpoints; resuming under other settings would continue a different run, so it is refused.
+    """
+    import tensorflow as tf
+
+    output_dir = output_dir.rstrip("/")
+    folder = checkpoint_dir(output_dir)
+    path = f"{folder}/{RUN_SETTINGS_NAME}"
+
+    def start_afresh():
+        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME, MODEL_CARD_NAME):
+            if tf.io.gfile.exists(f"{output_dir}/{name}"):
+                tf.io.gfile.remove(f"{output_dir}/{name}")
+        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's behind.
+        for old_folder in (folder, f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{PYTORCH_DIR}"):
+            if tf.io.gfile.exists(old_folder):
+                tf.io.gfile.rmtree(old_folder)
+
+    if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):  # check_output_dir() allowed replacing it
+        start_afresh()
+    if tf.train.latest_checkpoint(folder) and tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as file:
+            saved = json.load(file)
+        changed = sorted(key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key))
+        if not changed:
+            return
+        if not overwrite_output_dir:
+            raise UsageError(
+                f"--output_dir {output_dir} holds checkpoints of a run with other settings ({', '.join(changed)} "
+                "differ), so resuming them would not continue that run; rerun its exact command, choose another "
+                "folder, or pass --overwrite_output_dir to start afresh."
+            )
+        start_afresh()
+    tf.io.gfile.makedirs(folder)
+    temporary = f"{path}.tmp"
+    with tf.io.gfile.GFile(temporary, "w") as file:
+        file.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def restore_checkpoint(output_dir, masked_lm, optimizer, keep):
+    """Resume from the newest checkpoint in `output_dir`, if any; returns its manager and the step to start at.
+
+    A checkpoint holds the weights and the optimizer: its moments and its step count, which is also the
+    learning-rate schedule's position and, through the data stream's seeds, the position in the data.
+    `keep`: how many checkpoints the manager keeps (--save_total_limit).
+    """
+    import tensorflow as tf
+
+    checkpoint = tf.train.Checkpoint(model=masked_lm, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir(output_dir), max_to_keep=keep)
+    if manager.latest_checkpoint is None:
+        return manager, 0
+    try:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as error:
+        raise UsageError(
+            f"could not resume from {manager.latest_checkpoint}: {first_line(error)}; delete "
+            f"{checkpoint_dir(output_dir)} to start afresh."
+        ) from None
+    return manager, int(optimizer.iterations.numpy())
+
+
+def scratch_manager(manager):
+    """For a worker that is not the chief: the same checkpoint, saved into a scratch folder of its own.
+
+    Saving a checkpoint may take part in the cluster's collective ops, so every worker saves; only the
+    chief's land in --output_dir. Remove the folder (`manager.directory`) when training ends.
+    """
+    import tensorflow as tf
+
+    return tf.train.CheckpointManager(manager.checkpoint, tempfile.mkdtemp(prefix="worker-checkpoints-"), max_to_keep=1)
+
+
+def checkpoint_callback(manager, save_steps):
+    """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never) and at the
+    end of every epoch."""
+    import tf_keras
+
+    class SaveCheckpoints(tf_keras.callbacks.Callback):
+        """The step is read from the device once per epoch and counted on the host in between: reading it
+        after every batch would stall each step (on a TPU, each execution) until the device catches up."""
+
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # the logs stay on the device too: nothing here reads them
+            self.saved_step = None
+            self.epoch_start = None
+
+        def step(self):
+            return int(self.model.optimizer.iterations.numpy())
+
+        def save(self):
+            self.saved_step = self.step()
+            manager.save(checkpoint_number=self.saved_step)
+
+        def on_train_begin(self, logs=None):
+            if self.saved_step is None:
+                self.saved_step = self.step()  # a resumed run starts from a saved step
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch_start = self.step()
+
+        def on_train_batch_end(self, batch, logs=None):
+            # `batch` is the index of the last step run in this epoch; with --steps_per_execution > 1 this
+            # runs once per execution, so save on crossing a multiple of save_steps.
+            done = self.epoch_start + batch + 1
+            if save_steps and done // save_steps > self.saved_step // save_steps:
+                self.save()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.step() != self.saved_step:
+                self.save()
+
+    return SaveCheckpoints()
+
+
+def fit_segments(start_step, total_steps, steps_per_epoch):
+    """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch, epochs, steps).
+
+    fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only stop it
+    between executions, so a run that starts or ends mid-epoch (a resumed run, a --max_steps) would
+    overshoot. Instead a partial epoch gets a fit() call of its own and whole epochs share one.
+    """
+    segments, step = [], start_step
+    while step < total_steps:
+        epoch, offset = divmod(step, steps_per_epoch)
+        if offset == 0 and total_steps - step >= steps_per_epoch:
+            epochs = (total_steps - step) // steps_per_epoch
+            segments.append((step, epoch, epochs, steps_per_epoch))
+        else:
+            segments.append((step, epoch, 1, min(steps_per_epoch - offset, total_steps - step)))
+        step += segments[-1][2] * segments[-1][3]
+    return segments

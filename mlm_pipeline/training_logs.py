@@ -1,0 +1,224 @@
+"""What run_mlm.py reports: its accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG, the summary line.
+
+Every figure counts the masked positions only. `position_accuracy()` is top-1 accuracy over the positions
+a boolean mask selects (every labelled position, or those whose input was [MASK]); `top_token_share()` is
+the share of predictions taken by the most predicted token, near 1 when the model has collapsed onto one
+answer. Each epoch's figures go to <output_dir>/training_log.csv (one row per epoch, across resumed runs)
+and, with the learning rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
+<output_dir>/training_curves.png and one summary line.
+"""
+
+import math
+import time
+
+from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
+
+
+def position_accuracy(name):
+    """A Keras metric: top-1 accuracy over the positions a boolean `scored` tensor selects."""
+    import tensorflow as tf
+    import tf_keras
+
+    class PositionAccuracy(tf_keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.correct = self.add_weight(name="correct", initializer="zeros", dtype=tf.float32)
+            self.total = self.add_weight(name="total", initializer="zeros", dtype=tf.float32)
+
+        def update_state(self, labels, predictions, scored):
+            hits = scored & tf.equal(predictions, labels)
+            self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
+            self.total.assign_add(tf.reduce_sum(tf.cast(scored, tf.float32)))
+
+        def result(self):
+            return tf.math.divide_no_nan(self.correct, self.total)
+
+    return PositionAccuracy()
+
+
+def top_token_share(vocab_size):
+    """A Keras metric: the share of the predictions taken by the single most predicted token."""
+    import tensorflow as tf
+    import tf_keras
+
+    class TopTokenShare(tf_keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(name="top_token_share", **kwargs)
+            self.counts = self.add_weight(name="counts", shape=(vocab_size,), initializer="zeros", dtype=tf.float32)
+
+        def update_state(self, predictions, scored):
+            ones = tf.cast(scored, tf.float32)
+            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU too.
+            self.counts.assign_add(tf.math.unsorted_segment_sum(ones, predictions, vocab_size))
+
+        def result(self):
+            return tf.math.divide_no_nan(tf.reduce_max(self.counts), tf.reduce_sum(self.counts))
+
+        def reset_state(self):
+            self.counts.assign(tf.zeros_like(self.counts))
+
+    return TopTokenShare()
+
+
+def epoch_log_callbacks(output_dir):
+    """Keras callbacks that add val_perplexity, the wall time and the optimizer step to each epoch's logs,
+    then append the epoch as a row of <output_dir>/training_log.csv."""
+    import tf_keras
+
+    class EpochSummary(tf_keras.callbacks.Callback):
+        start = None  # set once: fit_exact_steps may call fit() twice with the same callbacks
+
+        def on_train_begin(self, logs=None):
+            if self.start is None:
+                self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is None:
+                return
+            if "val_loss" in logs:
+                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
+            logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
+            logs["step"] = int(self.model.optimizer.iterations.numpy())
+
+    # One row per epoch, appended across resumed runs: the whole run's curve in one file.
+    return [EpochSummary(), tf_keras.callbacks.CSVLogger(f"{output_dir.rstrip('/')}/{TRAINING_LOG_NAME}", append=True)]
+
+
+def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True):
+    """TensorBoard scalars in <output_dir>/logs (local or gs://).
+
+    Every `logging_steps` steps: the training loss and accuracies over those steps alone, the learning rate
+    and tokens per second; after every epoch, the evaluation metrics and perplexity. fit()'s metrics are
+    running sums over the epoch, so two readings of their totals give the interval's exact figures. Like the
+    checkpoint callback, it counts steps on the host and touches the device only when it writes.
+
+    Reading a metric sums its copies across replicas, which across hosts is a collective operation every
+    worker must join, so every worker runs this callback and only the chief (`writes`) keeps what it reads.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    names = ("loss", "masked_accuracy", "mask_token_accuracy")
+
+    class TensorBoardScalars(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # the per-batch logs are never read, so they need no conversion
+            log_dir = f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}"
+            self.writer = tf.summary.create_file_writer(log_dir) if writes else tf.summary.create_noop_writer()
+
+        def totals(self):
+            trainer = self.model
+            pairs = {
+                "loss": (trainer.loss_tracker.total, trainer.loss_tracker.count),
+                "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
+                "mask_token_accuracy": (trainer.mask_token_accuracy.correct, trainer.mask_token_accuracy.total),
+            }
+            # read_value() sums a metric's per-replica copies when there are several replicas.
+            return {name: (float(a.read_value()), float(b.read_value())) for name, (a, b) in pairs.items()}
+
+        def learning_rate(self):
+            rate = self.model.optimizer.learning_rate  # a schedule (warmup, then decay) or a fixed value
+            if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+                rate = rate(self.model.optimizer.iterations)
+            return float(rate)
+
+        def write_interval(self, step):
+            now, totals = time.perf_counter(), self.totals()
+            with self.writer.as_default(step=step):
+                for name, (numerator, denominator) in totals.items():
+                    previous_numerator, previous_denominator = self.previous_totals[name]
+                    if denominator > previous_denominator:
+                        value = (numerator - previous_numerator) / (denominator - previous_denominator)
+                        tf.summary.scalar(f"train/{name}", value)
+                tf.summary.scalar("train/learning_rate", self.learning_rate())
+                tf.summary.scalar(
+                    "train/tokens_per_second", (step - self.logged_step) * tokens_per_step / (now - self.logged_time)
+                )
+            self.logged_step, self.logged_time, self.previous_totals = step, now, totals
+
+        def on_epoch_begin(self, epoch, logs=None):
+            # fit() has just reset the metrics: the sums start again from zero.
+            self.epoch_start = self.logged_step = int(self.model.optimizer.iterations.numpy())
+            self.logged_time = time.perf_counter()
+            self.previous_totals = {name: (0.0, 0.0) for name in names}
+
+        def on_train_batch_end(self, batch, logs=None):
+            done = self.epoch_start + batch + 1
+            last_of_epoch = batch + 1 == self.params["steps"]  # its sums are reset before the next epoch
+            if last_of_epoch or done // logging_steps > self.logged_step // logging_steps:
+                self.write_interval(done)
+
+        def on_epoch_end(self, epoch, logs=None):
+            with self.writer.as_default(step=self.logged_step):
+                for name, value in (logs or {}).items():
+                    if name.startswith("val_"):
+                        tf.summary.scalar(f"eval/{name[len('val_'):]}", float(value))
+            self.writer.flush()
+
+    return TensorBoardScalars()
+
+
+def read_scalars(log_dir):
+    """{tag: {step: value}} from the TensorBoard files in `log_dir`; a step written twice (a resumed run
+    repeats the steps after its last checkpoint) keeps the newer value."""
+    import tensorflow as tf
+
+    def written_at(path):  # events.out.tfevents.<unix time>.<host>...: the older file's values are replaced
+        name = path.rsplit("/", 1)[-1]
+        return int(name.split(".")[3]), name
+
+    scalars = {}
+    for path in sorted(tf.io.gfile.glob(f"{log_dir}/events.out.tfevents.*"), key=written_at):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return scalars
+
+
+def plot_curves(log_dir, path):
+    """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or gs://)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    import tensorflow as tf
+
+    scalars = read_scalars(log_dir)
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    for prefix, label, style in (("train", "training", "-"), ("eval", "evaluation", "o-")):
+        for axes, name in ((loss_axes, "loss"), (accuracy_axes, "mask_token_accuracy")):
+            points = sorted(scalars.get(f"{prefix}/{name}", {}).items())
+            if points:
+                axes.plot(*zip(*points), style, label=label)
+    loss_axes.set(title="masked-LM loss", xlabel="optimizer step", ylabel="cross-entropy")
+    accuracy_axes.set(title="accuracy at [MASK] inputs", xlabel="optimizer step", ylabel="top-1 accuracy")
+    for axes in (loss_axes, accuracy_axes):
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.tight_layout()
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
+    plt.close(figure)
+    with tf.io.gfile.GFile(path, "wb") as file:
+        file.write(image.getvalue())
+
+
+def summary_line(steps, tokens_per_step, logs, minutes):
+    """One line that says how the run ended; the evaluation figures appear when there was evaluation data."""
+    parts = [f"{steps:,} steps", f"{steps * tokens_per_step:,} tokens seen"]
+    final = {name: values[-1] for name, values in logs.items() if values}
+    if "val_loss" in final:
+        parts += [
+            f"eval loss {final['val_loss']:.4f}",
+            f"perplexity {final['val_perplexity']:.2f}",
+            f"masked accuracy {final['val_masked_accuracy']:.4f}",
+            f"accuracy at [MASK] {final['val_mask_token_accuracy']:.4f}",
+        ]
+    elif "loss" in final:
+        parts.append(f"train loss {final['loss']:.4f} (no --eval_dataset)")
+    parts.append(f"wall time {minutes:.1f} min")
+    return "Finished: " + ", ".join(parts) + "."
