@@ -60,7 +60,7 @@ def available_cores():
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Tokenize a split and write it as TFRecord shards of packed sequences.")
     data = parser.add_argument_group("data: local files, or a Hub dataset (the default)")
-    data.add_argument("--train_file", help="Local train split: .txt, .json/.jsonl, .csv or .parquet.")
+    data.add_argument("--train_file", help="Local train split: text (any extension), .json/.jsonl, .csv, .parquet.")
     data.add_argument("--validation_file", help="Local validation split, same formats.")
     data.add_argument("--test_file", help="Local test split, same formats.")
     data.add_argument("--split", default="train", help=f"Which split to write: one of {', '.join(contract.SPLITS)}.")

@@ -8,7 +8,8 @@ that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with 
     # WikiText-103 from the Hub (the default corpus)
     python train_unigram.py --vocab_size 32000 --output_dir tokenizer
 
-    # local files: .txt (one document per line), .json/.jsonl, .csv or .parquet
+    # local files: plain text, one document per line, under any extension (.txt, .raw, ...), or .json/.jsonl,
+    # .csv, .parquet with a --text_column
     python train_unigram.py --train_file corpus/train.txt --vocab_size 8000 --output_dir tokenizer
 
     # also push it to the Hub (needs `hf auth login` or HF_TOKEN)
@@ -58,7 +59,7 @@ def parse_args(argv=None):
     data = parser.add_argument_group("data (the Hub by default, or a local file)")
     data.add_argument("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
     data.add_argument("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
-    data.add_argument("--train_file", help="Local .txt, .json/.jsonl, .csv or .parquet file; replaces the Hub dataset.")
+    data.add_argument("--train_file", help="Local plain text (any extension), .json/.jsonl, .csv or .parquet file.")
     data.add_argument("--text_column", default="text", help="Column that holds the text (default: text).")
     data.add_argument("--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus.")
     data.add_argument("--batch_size", type=positive_int, default=1000, help="Rows handed to the trainer at a time.")

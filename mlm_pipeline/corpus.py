@@ -1,25 +1,30 @@
-"""Reading a corpus: a local file (.txt, .json/.jsonl, .csv, .parquet) or a Hub dataset, as a stream of texts.
+"""Reading a corpus: a local file (plain text, .json/.jsonl, .csv, .parquet) or a Hub dataset, as a stream of texts.
 
 train_unigram.py and prepare_tfrecord_shards.py read their input through here, so both accept the same files
-and refuse bad ones in the same words. A .txt file is read line by line without datasets (one document per
-line, split exactly as datasets' "text" builder splits it); the other formats and Hub datasets go through
-datasets. Reading errors that only show midway (bad encoding, malformed JSON) become one line too.
+and refuse bad ones in the same words. Plain text, whatever its extension (.txt, WikiText's .raw or .tokens,
+none), is read line by line without datasets (one document per line, split exactly as datasets' "text"
+builder splits it); the tabular formats and Hub datasets go through datasets. Reading errors that only show
+midway (bad encoding, malformed JSON) become one line too.
 """
 
 import os
 
 from .errors import UsageError, first_line
 
-LOCAL_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Tabular formats, read by their datasets builder; any other file is plain text, one document per line
+# (.txt, WikiText's .raw and .tokens, no extension at all...).
+TABULAR_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Files that are not text but would partly decode as text: refused by name rather than read as garbage.
+NOT_TEXT = (".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".7z", ".docx", ".doc", ".odt", ".pdf", ".xlsx", ".arrow")
 
 
 def local_format(path):
-    """The datasets builder that reads `path`, from its extension ("text" for .txt)."""
-    return LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
+    """The datasets builder that reads `path`: json, csv or parquet by extension, "text" for anything else."""
+    return TABULAR_FORMATS.get(os.path.splitext(path)[1].lower(), "text")
 
 
 def check_corpus_file(path, flag):
-    """A local corpus file must exist, hold something, and have an extension this pipeline reads."""
+    """A local corpus file must exist, hold something, and not be a compressed or document format."""
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a folder; pass a path to a text corpus file.")
     if not os.path.isfile(path):
@@ -27,8 +32,11 @@ def check_corpus_file(path, flag):
     if os.path.getsize(path) == 0:
         raise UsageError(f"{flag} {path} is empty; pass a file with text in it.")
     extension = os.path.splitext(path)[1].lower()
-    if extension not in LOCAL_FILE_BUILDERS:
-        raise UsageError(f"{flag} {path} has extension {extension!r}; use one of {sorted(LOCAL_FILE_BUILDERS)}.")
+    if extension in NOT_TEXT:
+        raise UsageError(
+            f"{flag} {path} has extension {extension!r}, a compressed or document format; pass plain text (one "
+            f"document per line, any other extension) or one of {sorted(TABULAR_FORMATS)}."
+        )
 
 
 def check_text_column(text_column, columns):

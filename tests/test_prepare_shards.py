@@ -157,6 +157,16 @@ def test_limit_uses_only_the_first_rows(tokenizer_dir, tokenizer, corpus, tmp_pa
     assert manifest["records"] == len(expected)
 
 
+@pytest.mark.parametrize("name", ["wiki.train.raw", "wiki.train.tokens", "train"])
+def test_plain_text_under_any_extension_is_read_as_text(shards_dir, tokenizer_dir, corpus, tmp_path, read_records, name):
+    """WikiText's own files (and a file with no extension) need no renaming to .txt: the same shards."""
+    path = tmp_path / name
+    path.write_bytes(corpus["train"].read_bytes())
+    run_prepare(path, tokenizer_dir, tmp_path / "out", "--shard_size", SHARD_SIZE)
+    written = [(tmp_path / "out" / "train" / item.name).read_bytes() for item in shard_files(shards_dir / "train")]
+    assert written == [item.read_bytes() for item in shard_files(shards_dir / "train")]
+
+
 def test_jsonl_input_with_text_column(tokenizer_dir, tokenizer, tmp_path, read_records):
     lines = make_corpus_lines(80, seed=11)
     path = tmp_path / "validation.jsonl"

@@ -235,3 +235,20 @@ def test_an_interrupted_save_leaves_no_finished_looking_folder(corpus, tmp_path,
     train(corpus["train"], output_dir)  # the same command again: no --overwrite_output_dir needed
     assert (output_dir / "tokenizer.json").is_file()
     assert sorted(path.name for path in output_dir.iterdir() if path.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("name", ["wiki.train.raw", "wiki.train.tokens", "corpus"])
+def test_plain_text_under_any_extension_is_read_as_text(corpus, tokenizer_dir, tmp_path, name):
+    """WikiText's own files (and a file with no extension) need no renaming to .txt."""
+    path = tmp_path / name
+    path.write_bytes(corpus["train"].read_bytes())
+    train(path, tmp_path / "tokenizer")
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == (tokenizer_dir / "tokenizer.json").read_bytes()
+
+
+def test_a_compressed_corpus_is_refused_by_name(corpus, tmp_path):
+    path = tmp_path / "train.txt.gz"
+    path.write_bytes(corpus["train"].read_bytes())
+    with pytest.raises(train_unigram.UsageError, match=r"'\.gz', a compressed or document format"):
+        train(path, tmp_path / "tokenizer")
+    assert not (tmp_path / "tokenizer").exists()
