@@ -485,6 +485,10 @@ def check_args(args):
     if args.cpu_replicas > 1 and args.jit_compile:
         raise UsageError(f"--jit_compile cannot be combined with --cpu_replicas {args.cpu_replicas}: XLA on the CPU "
                          "cannot reach variables placed on another logical device; run the two checks separately.")
+    if args.jit_compile and args.no_tpu and tf_startup.installed_as_tpu_build():
+        raise UsageError("--jit_compile with --no_tpu needs XLA's CPU or GPU compiler, which TensorFlow's TPU build "
+                         "(tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each step with "
+                         "XLA), or install requirements.txt to compile on the CPU.")
     if args.hub_private and not args.hub_model_id:
         raise UsageError("--hub_private needs --hub_model_id (e.g. my-user/my-model).")
     if args.hub_model_id is not None:

@@ -2,10 +2,23 @@
 # The test suite in one command, on CPU, offline: installs the pinned requirements (plus pytest) into .venv
 # unless a virtualenv or conda env is active, then runs pytest. Extra arguments go to pytest.
 #
-#   bash run_tests.sh            # everything, about 8 minutes on 2 cores
-#   bash run_tests.sh -k masking # one part
+#   bash run_tests.sh                 # everything, about 8 minutes on 2 cores
+#   bash run_tests.sh -m smoke        # the end-to-end smoke test alone, about a minute: the line for your CI
+#   bash run_tests.sh --tpu           # the smoke test on TensorFlow's TPU build (requirements-tpu.txt, .venv-tpu)
+#   bash run_tests.sh -k masking      # one part
 set -euo pipefail
 cd "$(dirname "$0")"
+
+if [ "${1:-}" = "--tpu" ]; then
+  shift
+  # The TPU set must be installed without dependency resolution (see requirements-tpu.txt), so it gets a
+  # virtualenv of its own; without a TPU, TensorFlow's TPU build runs on the CPU.
+  [ -x .venv-tpu/bin/python ] || python3 -m venv .venv-tpu
+  .venv-tpu/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-test-tpu.txt
+  export TPU_LOAD_LIBRARY=0  # no TPU here: do not wait for the TPU metadata server
+  # The smoke test alone: the other test files import test tools (the GCS emulator) this set does not carry.
+  exec .venv-tpu/bin/python -m pytest tests/test_smoke.py "$@"
+fi
 
 if [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
   python=python
@@ -18,7 +31,10 @@ fi
 # transformers 5 with the CPU build of PyTorch, in a virtualenv of its own (it cannot share one with the TF
 # stack, which needs transformers 4.57): tests/test_pytorch_export.py loads run_mlm.py's PyTorch copy there.
 # torch is pinned exactly there, so pip takes a CPU wheel where one is offered (the first install takes a few
-# minutes). Made from the same Python as the test suite's (3.11: the pins were resolved on it).
-[ -x .venv-transformers5/bin/python ] || "$python" -m venv .venv-transformers5
-.venv-transformers5/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-export-test.txt
+# minutes). Made from the same Python as the test suite's (3.11: the pins were resolved on it). The smoke
+# test does not need it.
+if [[ " $* " != *" -m smoke "* ]]; then
+  [ -x .venv-transformers5/bin/python ] || "$python" -m venv .venv-transformers5
+  .venv-transformers5/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-export-test.txt
+fi
 "$python" -m pytest tests "$@"

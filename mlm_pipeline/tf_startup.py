@@ -19,6 +19,26 @@ from .errors import UsageError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
+def installed_as_tpu_build():
+    """Whether TensorFlow is installed as the distribution "tensorflow-tpu" alone (requirements-tpu.txt)."""
+    from importlib import metadata
+
+    def installed(name):
+        try:
+            return metadata.version(name) is not None
+        except metadata.PackageNotFoundError:
+            return False
+
+    return installed("tensorflow-tpu") and not installed("tensorflow")
+
+
+# transformers 4.57 decides whether TensorFlow is there by the name of its distribution, and "tensorflow-tpu" is
+# not among the names it knows: on a TPU VM it would refuse TFAutoModelForMaskedLM as if TensorFlow were missing.
+# Its own switch, FORCE_TF_AVAILABLE, says TensorFlow is there; it must be set before transformers is imported.
+if installed_as_tpu_build():
+    os.environ.setdefault("FORCE_TF_AVAILABLE", "1")
+
+
 @contextmanager
 def tensorflow_startup_log_held_back():
     """Send file descriptor 2 to a temporary file for the block; replay it if the block fails (not for a

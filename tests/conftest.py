@@ -19,10 +19,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+# TensorFlow's TPU build (requirements-tpu.txt) would otherwise ask the TPU metadata server for minutes first.
+os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+# The standard library only, so none of the libraries above is loaded yet; tf_startup also lets transformers see
+# TensorFlow's TPU build (requirements-tpu.txt) in this process, as the scripts do in theirs.
+from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
 
 VOCAB_SIZE = 400
 MAX_LENGTH = 32
@@ -142,7 +148,7 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def read_manifest():
     def read(split_dir):
-        return json.loads((Path(split_dir) / "manifest.json").read_text())
+        return json.loads((Path(split_dir) / contract.MANIFEST_NAME).read_text())
 
     return read
 
@@ -154,10 +160,10 @@ def read_records():
     def read(files, max_length=MAX_LENGTH):
         import tensorflow as tf
 
-        features = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
+        features = contract.record_features(max_length)
         dataset = tf.data.TFRecordDataset([str(path) for path in files])
         return [
-            tf.io.parse_single_example(record, features)["input_ids"].numpy().tolist() for record in dataset
+            tf.io.parse_single_example(record, features)[contract.FEATURE_NAME].numpy().tolist() for record in dataset
         ]
 
     return read
