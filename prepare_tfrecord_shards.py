@@ -120,7 +120,7 @@ def check_args(args):
             )
         corpus.check_corpus_file(local_split_file(args), f"--{args.split}_file")
     if storage.is_remote(args.output_dir):
-        storage.check_gcs_paths({"--output_dir": args.output_dir})
+        storage.check_gcs_paths({"--output_dir": args.output_dir}, writable=["--output_dir"])  # reached and written
     else:
         storage.check_local_output_dir(args.output_dir)
 

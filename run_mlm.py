@@ -88,6 +88,8 @@ def parse_args(argv=None):
                           "repository is made before training, a snapshot is uploaded in the background at each "
                           "epoch end (skipped while the previous one uploads), and the run waits for the final push.")
     training.add_argument("--hub_private", action="store_true", help="Make the --hub_model_id repo private (if new).")
+    training.add_argument("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="At the end, "
+                          "wait this long (s) for the Hub uploads, then exit saying how to push later (default: 3600).")
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
     hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
@@ -498,7 +500,7 @@ def check_args(args):
 def main(args):
     check_args(args)
     storage.check_gcs_paths({"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset,
-                             "--output_dir": args.output_dir})  # reachable? one line within a minute if not
+                             "--output_dir": args.output_dir}, writable=["--output_dir"])  # else one line, soon
     with tf_startup.tensorflow_startup_log_held_back():
         strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
     import tensorflow as tf
@@ -527,12 +529,11 @@ def main(args):
 
     card = functools.partial(  # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         model_card.model_card, args, config, tokenizer, (train_manifest, eval_manifest), global_batch_size,
-        (total_steps, steps_per_epoch),
-    )  # fmt: skip
+        (total_steps, steps_per_epoch))  # fmt: skip
     pusher = None  # made before anything is written or built: a Hub that cannot be used should stop the run now
     if args.hub_model_id and chief:
         pusher = hub.HubPusher(args.hub_model_id, args.hub_private, args.output_dir, tokenizer,
-                               not args.no_pytorch_export, card)
+                               not args.no_pytorch_export, card, args.hub_push_timeout)
     if chief:  # start afresh, or check that the checkpoints there are this run's (then training resumes)
         settings = checkpoints.run_settings(
             config, train_manifest, global_batch_size, total_steps, seed=args.seed, learning_rate=args.learning_rate,

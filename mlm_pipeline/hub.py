@@ -10,6 +10,12 @@ import os
 
 from .errors import UsageError, first_line
 
+# Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's default). A
+# base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a cloud VM; a large model
+# on a slow link may take tens of minutes, and cutting a healthy upload costs a push by hand. An hour still
+# bounds what a stuck upload costs: the accelerator stays reserved, idle, for as long as the run waits.
+FINAL_PUSH_TIMEOUT = 3600
+
 
 def check_hub_model_id(repo_id, example):
     """A --hub_model_id the Hub would refuse is refused now, offline, before any work."""
@@ -94,16 +100,20 @@ class HubPusher:
     goes on. While that upload runs, further requests are skipped rather than queued: a queue could grow
     without bound on a slow link, and only the newest weights matter. The worker is a daemon thread, so a
     stuck upload can never keep a failed run from exiting. push_final() lets a running upload finish (so it
-    cannot land after the final model), then pushes the final model and waits for it.
+    cannot land after the final model), then pushes the final model and waits for it, from a daemon thread
+    too: the two waits together last `push_timeout` seconds at most, after which the run gives up in one line
+    (the model is saved in `output_dir` by then) and can exit while the upload is still stuck.
     """
 
-    def __init__(self, repo_id, private, output_dir, tokenizer, pytorch_copy, card):
+    def __init__(self, repo_id, private, output_dir, tokenizer, pytorch_copy, card, push_timeout=FINAL_PUSH_TIMEOUT):
         from huggingface_hub import HfApi
         from huggingface_hub.utils import disable_progress_bars
 
         self.repo_id = open_repository(repo_id, private, leave_out="--hub_model_id")
         self.api = HfApi()
         self.output_dir, self.tokenizer, self.pytorch_copy, self.card = output_dir, tokenizer, pytorch_copy, card
+        self.push_timeout = push_timeout
+        self.given_up = False  # set when push_final() stops waiting: an upload that ends after that stays silent
         disable_progress_bars()  # upload bars from the worker thread would cut through Keras's progress lines
         self.upload = None  # the worker thread of the latest background push
         print(f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the final model last.")
@@ -143,8 +153,11 @@ class HubPusher:
 
         try:
             self.api.upload_folder(repo_id=self.repo_id, folder_path=staging.name, commit_message=message)
-            print(f"Pushed to {self.repo_id}: {message}")
+            if not self.given_up:
+                print(f"Pushed to {self.repo_id}: {message}")
         except Exception as error:  # training goes on: the final push sends everything again
+            if self.given_up:  # the run has said its last line (and may be removing the staging folder)
+                return
             print(
                 f"run_mlm.py: warning: the Hub push '{message}' failed ({hub_error_text(error)}); training goes "
                 "on, and the final model is pushed at the end.",
@@ -172,30 +185,67 @@ class HubPusher:
         return PushAtEpochEnd()
 
     def push_final(self, trainer, card_text, message):
-        """Push the final model and wait; a failure is one line, and the model stays saved in the output folder."""
+        """Push the final model and wait, `push_timeout` seconds at most; a failure or a push that does not end
+        in time is one line, and the model stays saved in the output folder."""
         import os
         import tempfile
+        import threading
+        import time
 
         import tensorflow as tf
 
         from .contract import CURVES_NAME
-        from .storage import is_remote
 
+        waited = 0.0  # the budget covers waiting for uploads, not writing the snapshot, which is local work
         if self.uploading():
             print("Waiting for the previous Hub push to finish before pushing the final model.")
-            self.upload.join()
+            started = time.monotonic()
+            self.upload.join(self.push_timeout)
+            waited = time.monotonic() - started
+            if self.upload.is_alive():  # pushing the final model now could let the stuck snapshot land after it
+                raise self.give_up("did not start: an epoch's snapshot was still uploading after")
+        staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the upload stick
         try:
-            with tempfile.TemporaryDirectory(prefix="hub-push-") as staging:
-                self.write_snapshot(staging, trainer, card_text)
-                curves = f"{self.output_dir.rstrip('/')}/{CURVES_NAME}"
-                if tf.io.gfile.exists(curves):  # the final push shows how training went
-                    tf.io.gfile.copy(curves, os.path.join(staging, CURVES_NAME))
-                commit = self.api.upload_folder(repo_id=self.repo_id, folder_path=staging, commit_message=message)
+            self.write_snapshot(staging.name, trainer, card_text)
+            curves = f"{self.output_dir.rstrip('/')}/{CURVES_NAME}"
+            if tf.io.gfile.exists(curves):  # the final push shows how training went
+                tf.io.gfile.copy(curves, os.path.join(staging.name, CURVES_NAME))
         except Exception as error:
-            local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
-            raise UsageError(
-                f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id {self.repo_id} failed "
-                f"({hub_error_text(error)}); push it later with `hf upload {self.repo_id} {self.output_dir} "
-                f"--exclude 'checkpoints/*'`{local_copy}."
-            ) from None
-        print(f"Pushed the final model, its tokenizer and model card to the Hub: {commit.commit_url}")
+            staging.cleanup()
+            raise self.push_later(f"failed ({hub_error_text(error)})") from None
+        outcome = {}
+
+        def upload():
+            try:
+                outcome["commit"] = self.api.upload_folder(
+                    repo_id=self.repo_id, folder_path=staging.name, commit_message=message
+                )
+            except Exception as error:
+                outcome["error"] = error
+            finally:
+                staging.cleanup()
+
+        worker = threading.Thread(target=upload, name="hub-final-push", daemon=True)  # exit must not wait for it
+        worker.start()
+        worker.join(max(0.0, self.push_timeout - waited))
+        if worker.is_alive():
+            raise self.give_up("did not finish within")
+        if "error" in outcome:
+            raise self.push_later(f"failed ({hub_error_text(outcome['error'])})")
+        print(f"Pushed the final model, its tokenizer and model card to the Hub: {outcome['commit'].commit_url}")
+
+    def give_up(self, what_happened):
+        """Stop waiting for a stuck upload: its daemon thread is left to the exit, silent from now on."""
+        self.given_up = True
+        return self.push_later(f"{what_happened} {self.push_timeout} s (--hub_push_timeout)")
+
+    def push_later(self, what_happened):
+        """The one line for a final push that did not happen: the model is saved, and how to push it by hand."""
+        from .storage import is_remote
+
+        local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
+        return UsageError(
+            f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id {self.repo_id} "
+            f"{what_happened}; push it later with `hf upload {self.repo_id} {self.output_dir} "
+            f"--exclude 'checkpoints/*'`{local_copy}."
+        )

@@ -1,8 +1,28 @@
 """The README.md cards that go with what the pipeline publishes: the tokenizer's and the model's.
 
 The metadata block at the top of each card (library, pipeline, tags) is written by huggingface_hub's
-ModelCardData, so it is the YAML the Hub reads.
+ModelCardData, so it is the YAML the Hub reads. A card is meant to be public, so the data, the tokenizer and
+the output folder are named by `public_name()`, never by a local path.
 """
+
+
+def public_name(path):
+    """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as given, a local
+    path by its base name alone.
+
+    A local path such as /home/<user>/runs/... says who ran the pipeline where, and nothing a reader can open.
+    A gs:// path stays: it names no machine nor user, and the bucket is one the user chose to train from (the
+    card is written to --output_dir before any push, to be read there first). A Hub id and a relative local
+    path look alike; the one that exists here, or that is absolute or starts with ~ or ., is taken as local
+    (a card may also name a path from another machine: the source a manifest recorded).
+    """
+    import os
+
+    if not path or "://" in path:
+        return path
+    if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
+        return os.path.basename(os.path.abspath(os.path.expanduser(path)))  # abspath: "." and "a/b/" name a folder
+    return path
 
 
 def metadata_block(**fields):
@@ -22,8 +42,8 @@ def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
             f"# {repo_id}",
             "",
             f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 tokenizers by "
-            f"`train_unigram.py` on {source} ({counts['texts']:,} non-blank texts of {counts['rows']:,} rows), for "
-            "masked-language-model pretraining.",
+            f"`train_unigram.py` on {public_name(source)} ({counts['texts']:,} non-blank texts of "
+            f"{counts['rows']:,} rows), for masked-language-model pretraining.",
             "",
             "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer (`▁` marks the "
             "start of a word), and each text becomes `[CLS] tokens [SEP]`. Special tokens (ids): "
@@ -58,7 +78,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
     max_length = train_manifest["max_length"]
     warmup_steps = int(args.warmup_ratio * total_steps)
     name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
-    where = args.hub_model_id or args.output_dir
+    where = args.hub_model_id or public_name(args.output_dir)
     mask = tokenizer.mask_token
 
     def number(key, digits=4):
@@ -81,8 +101,8 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
     if eval_manifest is not None:
         data_rows.append(("evaluation", args.eval_dataset, eval_manifest))
     data_table = "\n".join(
-        f"| {split} | `{folder}` | {manifest.get('source', '–')} | {manifest['records']:,} | "
-        f"{manifest['records'] * manifest['max_length']:,} |"
+        f"| {split} | `{public_name(folder)}` | {public_name(manifest.get('source')) or '–'} | "
+        f"{manifest['records']:,} | {manifest['records'] * manifest['max_length']:,} |"
         for split, folder, manifest in data_rows
     )
     evaluation_note = (
@@ -129,7 +149,8 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         data_table,
         "",
         f"Each sequence holds {max_length} tokens, none of them padding. How the shards were packed, in their "
-        f"manifest's words: {train_manifest.get('packing', 'not recorded')}. Tokenizer: `{args.tokenizer}`, "
+        f"manifest's words: {train_manifest.get('packing', 'not recorded')}. "
+        f"Tokenizer: `{public_name(args.tokenizer)}`, "
         f"{len(tokenizer):,} tokens in its vocabulary.",
         "",
         "## Training procedure",
@@ -142,7 +163,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         f"| feed-forward size / position embeddings | {config.intermediate_size} / {config.max_position_embeddings} |",
         f"| batch | {global_batch_size} sequences of {max_length} tokens ({args.per_replica_batch_size} per replica, "
         f"{global_batch_size // args.per_replica_batch_size} replica(s)) |",
-        f"| steps | {total_steps:,} ({steps_per_epoch:,} per epoch) |",
+        f"| steps | {total_steps:,} = {total_steps / steps_per_epoch:.2f} epochs of {steps_per_epoch:,} steps |",
         f"| optimizer | AdamW, weight decay {args.weight_decay_rate} (not on biases and layer norms) |",
         f"| learning rate | peak {args.learning_rate:g}, linear warmup over {warmup_steps:,} steps "
         f"({args.warmup_ratio:g} of them), then linear decay to 0 |",

@@ -2,7 +2,9 @@
 
 A local --output_dir that cannot be created or written is refused at once. A gs:// path is looked up by
 `check_gcs_paths()` in a short-lived child process, so that no network, no access or a missing bucket is one
-line within a minute instead of TensorFlow's minutes of retries ending in a libcurl code.
+line within a minute instead of TensorFlow's minutes of retries ending in a libcurl code; an output prefix is
+also written to and deleted from there, so that an account that may read but not write is refused before
+hours of training rather than at the first checkpoint.
 """
 
 import json
@@ -31,28 +33,44 @@ def check_local_output_dir(output_dir, flag="--output_dir"):
         raise UsageError(f"{flag} {output_dir} cannot be written: {existing} is read-only; choose another folder.")
 
 
-GCS_PROBE_SECONDS = 60  # a bound on the whole probe: starting Python and TensorFlow, then a request per path
-# Run by a child process: report the first gs:// path (argv) that TensorFlow cannot look up, or whose bucket
-# does not exist (TensorFlow's makedirs() asks about a missing bucket again and again, without end). Reading
-# a bucket's own metadata takes a right that reading and writing its objects does not: if that is refused,
-# the bucket is taken to exist.
+GCS_PROBE_SECONDS = 60  # a bound on the whole probe: starting Python and TensorFlow, then a few requests per path
+WRITE_PROBE_PREFIX = ".write-check-"  # the object written and deleted under an output prefix; dotted, as scratch
+# Run by a child process: report the first gs:// path that TensorFlow cannot look up, or whose bucket does not
+# exist (TensorFlow's makedirs() asks about a missing bucket again and again, without end), or, for an output
+# (argv: the paths, each with "r:" or "w:" before it), that refuses a small object to be written or deleted
+# under it. The object's name is unique (several workers of one run probe the same prefix at once) and it is
+# deleted at once: a checkpoint rotation and every rewritten log need delete as much as create. Reading a
+# bucket's own metadata takes a right that reading and writing its objects does not: if that is refused, the
+# bucket is taken to exist.
 GCS_PROBE_CODE = """
-import json, sys
+import json, sys, uuid
 import tensorflow as tf
-def report(path, error, message):
-    print(json.dumps({"path": path, "error": error, "message": message}))
+def report(path, step, error, message, left=None):
+    print(json.dumps({"path": path, "step": step, "error": error, "message": message, "left": left}))
     sys.exit()
-for path in sys.argv[1:]:
+for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
     try:
         tf.io.gfile.exists(path)
     except tf.errors.OpError as error:
-        report(path, type(error).__name__, str(error))
+        report(path, "read", type(error).__name__, str(error))
     bucket = "/".join(path.split("/")[:3])
     try:
         if not tf.io.gfile.exists(bucket):
-            report(path, "NoSuchBucket", bucket)
+            report(path, "read", "NoSuchBucket", bucket)
     except tf.errors.OpError:
         pass
+    if mode != "w":
+        continue
+    probe = path.rstrip("/") + "/" + sys.argv[1] + uuid.uuid4().hex
+    try:
+        with tf.io.gfile.GFile(probe, "w") as file:  # uploaded on close: an error must surface here, not in __del__
+            file.write("write check")
+    except tf.errors.OpError as error:
+        report(path, "create", type(error).__name__, str(error))
+    try:
+        tf.io.gfile.remove(probe)
+    except tf.errors.OpError as error:
+        report(path, "delete", type(error).__name__, str(error), probe)
 """
 GCS_PROBE_ENV = {
     # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe only.
@@ -69,46 +87,78 @@ GCS_PROBE_ENV = {
 }
 
 
-def check_gcs_paths(paths):
-    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no network, no access).
+def check_gcs_paths(paths, writable=()):
+    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no network, no access),
+    or, for the flags named in `writable`, written to.
 
     `paths` maps each flag to its value (None and local paths are passed over). TensorFlow retries a failed
     Cloud Storage request for over three minutes (GCS_RETRY_CONFIG_MAX_RETRIES: 10 by default, backing off up
     to 32 s), then fails with a libcurl error code. That patience is what a long run needs to ride out a
     passing outage, so it stays; but TensorFlow reads those settings once per process, so they cannot be
     lowered for a first check alone. A short-lived child process with few retries and short timeouts
-    therefore looks up every path once, before any work, and this process keeps the defaults.
+    therefore looks up every path once, before any work, and this process keeps the defaults. Looking up
+    proves read access only: a prefix that the run will write to (`writable`) gets a small object created and
+    deleted there too, since an account may read a bucket yet not write to it, and the run would find out
+    only when it first saves, maybe hours later.
     """
     flags = {path: flag for flag, path in paths.items() if path and path.startswith("gs://")}
     if not flags:
         return
     first = next(iter(flags))
-    command = [sys.executable, "-c", GCS_PROBE_CODE, *flags]
-    advice = "check the network (and HTTPS_PROXY, if you use a proxy), or use a local path"
+    modes = [("w:" if flags[path] in writable else "r:") + path for path in flags]
+    command = [sys.executable, "-c", GCS_PROBE_CODE, WRITE_PROBE_PREFIX, *modes]
     try:
         probe = subprocess.run(
             command, env={**os.environ, **GCS_PROBE_ENV}, capture_output=True, text=True, timeout=GCS_PROBE_SECONDS
         )
     except subprocess.TimeoutExpired:
         raise UsageError(
-            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; {advice}."
+            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; {UNREACHABLE_ADVICE}."
         ) from None
     try:
         failure = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout else None
     except ValueError:
         failure = None
-    if failure is None:
-        return  # every path answered; or the probe itself broke, and then the run meets the same trouble itself
-    where = f"{flags[failure['path']]} {failure['path']}"
+    if failure is not None:  # else every path answered; or the probe itself broke, and the run meets that itself
+        raise probe_failure(failure, flags[failure["path"]])
+
+
+UNREACHABLE_ADVICE = "check the network (and HTTPS_PROXY, if you use a proxy), or use a local path"
+
+
+def probe_failure(failure, flag):
+    """The UsageError for what the probe reported: which step failed at `flag`'s path, why, and what to do."""
+    path, step = failure["path"], failure["step"]
+    where = f"{flag} {path}"
     if failure["error"] == "NoSuchBucket":
-        raise UsageError(f"{where}: the bucket {failure['message']} does not exist; check the name, or create it.")
+        return UsageError(f"{where}: the bucket {failure['message']} does not exist; check the name, or create it.")
     reason = gcs_failure_reason(failure["message"])
-    if failure["error"] in ("PermissionDeniedError", "UnauthenticatedError") or re.search(r"code 40[13]\b", reason):
-        raise UsageError(
+    refused = failure["error"] in ("PermissionDeniedError", "UnauthenticatedError")
+    refused = refused or re.search(r"code 40[13]\b", reason)
+    bucket = "/".join(path.split("/")[:3])
+    if step == "read" and refused:
+        return UsageError(
             f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth application-default "
             "login` or set GOOGLE_APPLICATION_CREDENTIALS to the key of an account that may use the bucket."
         )
-    raise UsageError(f"{where}: Cloud Storage cannot be reached ({reason}); {advice}.")
+    if step == "read":
+        return UsageError(f"{where}: Cloud Storage cannot be reached ({reason}); {UNREACHABLE_ADVICE}.")
+    # The run writes there and also deletes and replaces what it wrote (old checkpoints, rewritten logs).
+    rights = (
+        f"{flag} must be writable: give the account permission to create and delete objects in {bucket} (e.g. "
+        f"the role Storage Object User), or choose another {flag}"
+    )
+    if step == "create" and refused:
+        return UsageError(f"{where}: Cloud Storage refused to create an object there ({reason}); {rights}.")
+    if step == "delete" and refused:
+        return UsageError(
+            f"{where}: Cloud Storage let an object be created there but refused to delete it ({reason}); {rights}; "
+            f"then remove {failure['left']}."
+        )
+    return UsageError(
+        f"{where}: writing a test object there failed ({reason}); check the network (and HTTPS_PROXY, if you use "
+        f"a proxy), or choose another {flag}."
+    )
 
 
 def gcs_failure_reason(message):

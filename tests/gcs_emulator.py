@@ -43,6 +43,9 @@ HOP_BY_HOP_HEADERS = {
     "connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer", "transfer-encoding",
     "upgrade", "expect",
 }  # fmt: skip
+# Every request TensorFlow's gs:// filesystem makes to read (metadata, listings, contents) is a GET or a HEAD;
+# uploads, deletes, copies and composes are POST, PUT, PATCH or DELETE.
+READ_METHODS = ("GET", "HEAD")
 
 
 def fake_gcs_server_binary():
@@ -99,6 +102,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if self.server.refuse_with:  # as Cloud Storage answers a request without valid credentials
             self.send_error(self.server.refuse_with, "refused by the test proxy")
             return
+        if self.server.refuse_writes_with and self.command not in READ_METHODS:  # an account that may only read
+            self.send_error(self.server.refuse_writes_with, "writing refused by the test proxy")
+            return
         headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_BY_HOP_HEADERS}
         headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(self.server.upstream_host, self.server.upstream_port, timeout=60)
@@ -143,11 +149,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
 class TlsTerminatingProxy(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, tls_context, upstream_host, upstream_port, refuse_with=None):
+    def __init__(self, tls_context, upstream_host, upstream_port, refuse_with=None, refuse_writes_with=None):
         super().__init__(("127.0.0.1", 0), ProxyHandler)
         self.tls_context = tls_context
         self.upstream_host, self.upstream_port = upstream_host, upstream_port
         self.refuse_with = refuse_with  # an HTTP status to answer every request with, instead of forwarding it
+        self.refuse_writes_with = refuse_writes_with  # the same for every request but reads (READ_METHODS)
 
 
 class GcsEmulator:
@@ -192,9 +199,12 @@ class GcsEmulator:
         self.tls_context = tls_context
         self.start_proxy()
 
-    def start_proxy(self, refuse_with=None):
-        """Another proxy in front of this emulator (stop() ends it too); returns its URL, for env()."""
-        proxy = TlsTerminatingProxy(self.tls_context, "127.0.0.1", self.server_port, refuse_with)
+    def start_proxy(self, refuse_with=None, refuse_writes_with=None):
+        """Another proxy in front of this emulator (stop() ends it too); returns its URL, for env().
+
+        `refuse_with`: an HTTP status it answers every request with; `refuse_writes_with`: one it answers every
+        request but reads with (as for an account that may read the bucket but not write to it)."""
+        proxy = TlsTerminatingProxy(self.tls_context, "127.0.0.1", self.server_port, refuse_with, refuse_writes_with)
         threading.Thread(target=proxy.serve_forever, name="gcs-test-proxy", daemon=True).start()
         self.proxies.append(proxy)
         return f"http://127.0.0.1:{proxy.server_address[1]}"

@@ -255,6 +255,39 @@ def test_gcs_refusing_access_is_named_with_what_to_do(gcs, shards_dir, tokenizer
     assert not (tmp_path / "out").exists()
 
 
+READ_ONLY_CASES = [
+    pytest.param(
+        "prepare_tfrecord_shards.py",
+        "--train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir {output_dir}",
+        id="prepare",
+    ),
+    pytest.param(
+        "run_mlm.py",
+        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir {output_dir}",
+        id="run_mlm",
+    ),
+]
+
+
+@pytest.mark.parametrize("script, arguments", READ_ONLY_CASES)
+def test_an_output_that_may_be_read_but_not_written_is_refused_before_any_work(
+    gcs, script, arguments, corpus, tokenizer_dir, shards_dir
+):
+    # An account that may read the bucket but not write to it: every lookup succeeds, every upload or delete
+    # gets 403. Reading alone would let the run start, and fail at its first save, maybe hours later.
+    read_only_proxy = gcs.start_proxy(refuse_writes_with=403)
+    output_dir = f"gs://{BUCKET}/read-only"
+    names = dict(corpus=corpus["train"], tokenizer=tokenizer_dir, local_shards=shards_dir, output_dir=output_dir)
+    args = [word.format(**names) for word in arguments.split()]
+    result = run_on(gcs, script, *args, proxy_url=read_only_proxy, timeout=UNREACHABLE_TIMEOUT)
+    refused_in_one_line(
+        result, script, f"--output_dir {output_dir}: Cloud Storage refused to create an object there", "403",
+        f"permission to create and delete objects in gs://{BUCKET}", "or choose another --output_dir",
+    )  # fmt: skip
+    assert result.stdout == ""  # stopped before any work: no tokenizing, no "Training ..." line
+    assert not gcs.list_objects(BUCKET, "read-only")
+
+
 def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokenizer_dir, tmp_path):
     # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over and over.
     output_dir = "gs://no-such-bucket/run"

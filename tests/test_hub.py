@@ -8,6 +8,7 @@ process (connected to the fake Hub for the test); one runs run_mlm.py as a comma
 
 import csv
 import hashlib
+import threading
 import time
 
 import pytest
@@ -65,6 +66,8 @@ def test_train_unigram_pushes_the_tokenizer_and_a_card_in_one_commit(connect, co
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert f"A Unigram tokenizer of {len(tokenizer):,} tokens" in card
     assert 'from_pretrained("tester/unigram")' in card
+    # The corpus by its file name: its absolute path would tell the world who trained it where.
+    assert f"by `train_unigram.py` on {corpus['train'].name} (" in card and str(tmp_path.parent) not in card
     assert hub.repos["tester/unigram"]["private"] is True
     assert hub.unrouted == [] and set(hub.authorizations) == {f"Bearer {TOKEN}"}
 
@@ -140,6 +143,20 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     assert 'pipeline("fill-mask", model="tester/mlm"' in card
 
 
+def test_the_model_card_names_local_folders_by_their_base_names_only(shards_dir, tokenizer_dir, tmp_path):
+    # Every local path here is absolute, under the test session's temporary folder; a card is meant to be
+    # published, so none of them may reach it, whether as shard folders, tokenizer, the corpus the shards were
+    # made from (their manifests' source) or, with no --hub_model_id, the model in the usage snippet.
+    output_dir = tmp_path / "model"
+    run_mlm.main(run_mlm.parse_args(run_mlm_argv(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2)))
+    card = (output_dir / contract.MODEL_CARD_NAME).read_text()
+    session_folder = str(tmp_path.parent)  # holds tmp_path and every session fixture's folder
+    assert session_folder not in card
+    assert "| train | `train` | train.txt |" in card and "| evaluation | `validation` | validation.txt |" in card
+    assert f"Tokenizer: `{tokenizer_dir.name}`" in card
+    assert 'pipeline("fill-mask", model="model",' in card and 'from_pretrained("model", subfolder=' in card
+
+
 def same_weights(first, second):
     import h5py
     import numpy as np
@@ -171,6 +188,57 @@ def test_a_failed_final_push_is_one_line_and_the_model_stays_saved(connect, shar
     assert "HTTP 500" in message and "hf upload tester/mlm" in message
     assert {"tf_model.h5", "config.json", "README.md"} <= {path.name for path in output_dir.iterdir()}
     assert hub.commits("tester/mlm") == []
+
+
+PUSH_TIMEOUT = 10  # seconds: --hub_push_timeout for the stuck pushes below, ample for a tiny model on loopback
+
+
+@pytest.mark.parametrize(
+    ("extra", "what_happened"),
+    [
+        (["--max_steps", 2], f"did not finish within {PUSH_TIMEOUT} s"),
+        (["--num_epochs", 2], f"did not start: an epoch's snapshot was still uploading after {PUSH_TIMEOUT} s"),
+    ],
+    ids=["final-push-stuck", "epoch-snapshot-stuck"],
+)
+def test_a_stuck_final_push_gives_up_in_one_line_and_the_model_stays_saved(
+    run_script, shards_dir, tokenizer_dir, tmp_path, monkeypatch, extra, what_happened
+):
+    output_dir = tmp_path / "model"
+    reached, released, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_first_commit(repo_id, position):
+        # The first commit (the final model's with one epoch, epoch 1's snapshot with two) gets no answer until
+        # the test has seen the run end: the upload is stuck, as on a link that stalls. The bound only keeps a
+        # broken test from hanging; a run that waited for the answer would end well after it, pushed.
+        if position == 0:
+            reached.set()
+            released.wait(HOLD_LIMIT_SECONDS)
+            returned.set()
+
+    with FakeHub(TOKEN, before_commit=hold_the_first_commit) as hub:
+        use_fake_hub(monkeypatch, hub)
+        argv = run_mlm_argv(shards_dir, tokenizer_dir, output_dir, *extra, "--hub_model_id", "tester/mlm",
+                            "--hub_push_timeout", PUSH_TIMEOUT)  # fmt: skip
+        try:
+            result = run_script("run_mlm.py", *argv)
+            # The run ended while its upload was still held: it did not wait for it, and the upload's daemon
+            # thread did not keep the process alive.
+            assert reached.is_set() and not returned.is_set()
+        finally:
+            released.set()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert last_line(result.stderr) == (
+        f"run_mlm.py: error: the model is saved in {output_dir}, but pushing it to --hub_model_id tester/mlm "
+        f"{what_happened} (--hub_push_timeout); push it later with `hf upload tester/mlm {output_dir} "
+        "--exclude 'checkpoints/*'`."
+    )
+    assert "warning: the Hub push" not in result.stderr  # the abandoned upload says nothing after that line
+    assert "Pushed" not in result.stdout
+    # The model is complete: what a run saves, config.json (written last) included.
+    saved = {str(path.relative_to(output_dir)) for path in output_dir.rglob("*") if path.is_file()}
+    model = MODEL_FILES | TOKENIZER_FILES | {contract.MODEL_CARD_NAME, contract.CURVES_NAME}
+    assert model | {f"{contract.PYTORCH_DIR}/{contract.PYTORCH_WEIGHTS_NAME}"} <= saved, saved
 
 
 def hub_pusher_args(repo_id):
