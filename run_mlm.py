@@ -64,8 +64,10 @@ def parse_args(argv=None):
                           "--output_dir/pytorch also gets a PyTorch copy (model.safetensors, config, tokenizer) that "
                           "transformers 5 loads; written for roberta, roberta-prelayernorm and bert configs.")
     training.add_argument("--per_replica_batch_size", type=positive_int, default=8, help="Sequences per replica.")
-    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards.")
-    training.add_argument("--max_steps", type=positive_int, help="Stop after this many optimizer steps in all.")
+    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards "
+                          "(default: 1); --max_steps overrides it.")
+    training.add_argument("--max_steps", type=positive_int, help="Optimizer steps to run in all, overriding "
+                          "--num_epochs: the data repeats as needed and the last epoch may end part-way.")
     training.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate (default: 1e-4).")
     training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
     training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
@@ -406,13 +408,15 @@ def training_callbacks(args, chief, pusher, manager, total_steps, tokens_per_ste
     schedule and of the data stream, so a rerun of the same command resumes exactly there. TensorBoard
     scalars (<output_dir>/logs): every --logging_steps steps the training loss and accuracies over those steps,
     the learning rate and tokens per second; after each epoch the evaluation figures and perplexity. On the
-    chief alone: each epoch as a row of training_log.csv, and a Hub snapshot pushed in the background.
+    chief alone: each epoch as a row of training_log.csv, written once the epoch's checkpoint is saved, and a
+    Hub snapshot pushed in the background.
     """
-    callbacks = training_logs.epoch_log_callbacks(args.output_dir) if chief else []
+    callbacks = [training_logs.epoch_summary_callback()] if chief else []  # first: it completes the epoch's logs
     if pusher is not None:
         callbacks.append(pusher.epoch_end_callback(total_steps))
     callbacks.append(training_logs.tensorboard_callback(args.output_dir, args.logging_steps, tokens_per_step, chief))
-    return callbacks + [checkpoints.checkpoint_callback(manager, args.save_steps)]
+    training_log = training_logs.training_log_path(args.output_dir) if chief else None
+    return callbacks + [checkpoints.checkpoint_callback(manager, args.save_steps, training_log)]
 
 
 def corrupt_shard_error(error, train_manifest, eval_manifest, output_dir):
@@ -516,7 +520,7 @@ def main(args):
     steps_per_epoch, train_dataset_from, eval_dataset, eval_steps = hosts.distribute(
         strategy, pipeline_dataset, train_manifest, eval_manifest, args.per_replica_batch_size
     )
-    total_steps = min(args.num_epochs * steps_per_epoch, args.max_steps or math.inf)
+    total_steps = args.max_steps or args.num_epochs * steps_per_epoch  # --max_steps may end mid-epoch
     global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
 
     tf_keras.utils.set_random_seed(args.seed)
@@ -545,10 +549,11 @@ def main(args):
     started = time.perf_counter()
     masked_lm, trainer = build_model(config, args, total_steps, strategy, tokenizer.mask_token_id)
     manager, start_step = checkpoints.restore_checkpoint(args.output_dir, masked_lm, trainer.optimizer,
-                                                         keep=args.save_total_limit)
+                                                         keep=args.save_total_limit, chief=chief)
     print(f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters, {args.mlm_head} LM head) on "
-          f"{strategy.num_replicas_in_sync} replica(s) of {type(strategy).__name__}: {total_steps} steps of "
-          f"{global_batch_size} x {max_length} tokens; {train_manifest['records']} train sequences.")
+          f"{strategy.num_replicas_in_sync} replica(s) of {type(strategy).__name__}: "
+          f"{training_logs.steps_in_epochs(total_steps, steps_per_epoch)}, batches of {global_batch_size} x "
+          f"{max_length} tokens; {train_manifest['records']} train sequences.")
     if start_step:
         print(f"Resuming from {manager.latest_checkpoint} at step {start_step} of {total_steps}.")
     if not chief:  # every worker saves (it may take part in collective ops), into a scratch folder of its own
@@ -568,6 +573,7 @@ def main(args):
         tf.io.gfile.rmtree(manager.directory)
         print(f"Worker done after {steps} steps; the chief saves the model.")
         return trainer, logs
+    logs = logs or training_logs.last_logged_epoch(training_logs.training_log_path(args.output_dir))  # no step left
     final_card = card(trainer, {key: values[-1] for key, values in logs.items()})
     publish(args, masked_lm, tokenizer, final_card)
     summary = training_logs.summary_line(steps, tokens_per_step, logs, (time.perf_counter() - started) / 60)

@@ -3,8 +3,10 @@
 A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end, next to
 run_settings.json, the settings those step numbers belong to. Running the same command again resumes from
 the newest checkpoint: the weights, the optimizer's moments and its step count, which is also the position
-of the learning-rate schedule and of the data stream. A folder holding config.json holds a finished model,
-replaced only with --overwrite_output_dir.
+of the learning-rate schedule and of the data stream. Each epoch's row of training_log.csv is written
+after the checkpoint that ends the epoch, and a copy of it is saved just before that checkpoint, so that a
+run killed in between writes the row when it resumes: one row per epoch, none missing, none twice. A folder
+holding config.json holds a finished model, replaced only with --overwrite_output_dir.
 """
 
 import json
@@ -22,6 +24,10 @@ from .contract import (
 )
 from .errors import UsageError, first_line
 from .storage import check_local_output_dir, is_remote
+from .training_logs import read_training_log, training_log_path, write_epoch_row, write_whole
+
+# The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the checkpoints.
+EPOCH_ROW_NAME = "epoch_row.json"
 
 
 def checkpoint_dir(output_dir):
@@ -31,8 +37,8 @@ def checkpoint_dir(output_dir):
 def check_output_dir(output_dir, overwrite_output_dir):
     """A finished model is only replaced on request (prepare_output_dir() does it, once all input checks pass).
 
-    A local --output_dir that cannot be created or written is refused here, before any work; a gs:// one
-    shows its permissions only when written to.
+    A local --output_dir that cannot be created or written is refused here, before any work (a gs:// one was
+    written to and cleaned up by storage.check_gcs_paths already).
     """
     import tensorflow as tf
 
@@ -101,18 +107,16 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
             )
         start_afresh()
     tf.io.gfile.makedirs(folder)
-    temporary = f"{path}.tmp"
-    with tf.io.gfile.GFile(temporary, "w") as file:
-        file.write(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    write_whole(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
-def restore_checkpoint(output_dir, masked_lm, optimizer, keep):
+def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
     """Resume from the newest checkpoint in `output_dir`, if any; returns its manager and the step to start at.
 
     A checkpoint holds the weights and the optimizer: its moments and its step count, which is also the
     learning-rate schedule's position and, through the data stream's seeds, the position in the data.
-    `keep`: how many checkpoints the manager keeps (--save_total_limit).
+    `keep`: how many checkpoints the manager keeps (--save_total_limit). On the `chief`, the epoch that
+    checkpoint ends gets its row of training_log.csv if the interrupted run was killed before writing it.
     """
     import tensorflow as tf
 
@@ -127,7 +131,24 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep):
             f"could not resume from {manager.latest_checkpoint}: {first_line(error)}; delete "
             f"{checkpoint_dir(output_dir)} to start afresh."
         ) from None
-    return manager, int(optimizer.iterations.numpy())
+    step = int(optimizer.iterations.numpy())
+    if chief:
+        log_epoch_of_checkpoint(output_dir, step)
+    return manager, step
+
+
+def log_epoch_of_checkpoint(output_dir, step):
+    """Write the row of the epoch that the checkpoint of `step` ends, if training_log.csv lacks it."""
+    import tensorflow as tf
+
+    path = f"{checkpoint_dir(output_dir)}/{EPOCH_ROW_NAME}"
+    if not tf.io.gfile.exists(path):
+        return
+    with tf.io.gfile.GFile(path) as file:
+        saved = json.load(file)
+    log = training_log_path(output_dir)
+    if saved["step"] == step and str(saved["epoch"]) not in {row["epoch"] for row in read_training_log(log)[1]}:
+        write_epoch_row(log, saved["epoch"], saved["logs"])
 
 
 def scratch_manager(manager):
@@ -141,9 +162,14 @@ def scratch_manager(manager):
     return tf.train.CheckpointManager(manager.checkpoint, tempfile.mkdtemp(prefix="worker-checkpoints-"), max_to_keep=1)
 
 
-def checkpoint_callback(manager, save_steps):
+def checkpoint_callback(manager, save_steps, training_log=None):
     """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never) and at the
-    end of every epoch."""
+    end of every epoch, the epoch's last step included: it waits for the epoch's evaluation.
+
+    `training_log`: on the chief, the path of training_log.csv, which gets each epoch's row once the
+    checkpoint that ends the epoch is saved; a copy of the row is saved first, beside the checkpoints, for a
+    run killed between the two (restore_checkpoint writes it then).
+    """
     import tf_keras
 
     class SaveCheckpoints(tf_keras.callbacks.Callback):
@@ -173,13 +199,21 @@ def checkpoint_callback(manager, save_steps):
         def on_train_batch_end(self, batch, logs=None):
             # `batch` is the index of the last step run in this epoch; with --steps_per_execution > 1 this
             # runs once per execution, so save on crossing a multiple of save_steps.
+            if batch + 1 == self.params["steps"]:
+                return  # saved at the epoch's end instead, after its evaluation: saved here, a kill during the
+                # evaluation would resume past an epoch whose row of training_log.csv was never written
             done = self.epoch_start + batch + 1
             if save_steps and done // save_steps > self.saved_step // save_steps:
                 self.save()
 
         def on_epoch_end(self, epoch, logs=None):
             if self.step() != self.saved_step:
+                if training_log:
+                    row = {"step": self.step(), "epoch": epoch, "logs": dict(logs or {})}
+                    write_whole(f"{manager.directory}/{EPOCH_ROW_NAME}", json.dumps(row, default=float))
                 self.save()
+            if training_log:
+                write_epoch_row(training_log, epoch, dict(logs or {}))
 
     return SaveCheckpoints()
 

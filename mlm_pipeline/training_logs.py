@@ -3,11 +3,13 @@
 Every figure counts the masked positions only. `position_accuracy()` is top-1 accuracy over the positions
 a boolean mask selects (every labelled position, or those whose input was [MASK]); `top_token_share()` is
 the share of predictions taken by the most predicted token, near 1 when the model has collapsed onto one
-answer. Each epoch's figures go to <output_dir>/training_log.csv (one row per epoch, across resumed runs)
-and, with the learning rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
-<output_dir>/training_curves.png and one summary line.
+answer. Each epoch's figures go to <output_dir>/training_log.csv (one row per epoch, across resumed runs;
+checkpoints.py decides when a row is written) and, with the learning rate and tokens per second, to
+TensorBoard (<output_dir>/logs); the run ends with <output_dir>/training_curves.png and one summary line.
 """
 
+import csv
+import io
 import math
 import time
 
@@ -60,9 +62,9 @@ def top_token_share(vocab_size):
     return TopTokenShare()
 
 
-def epoch_log_callbacks(output_dir):
-    """Keras callbacks that add val_perplexity, the wall time and the optimizer step to each epoch's logs,
-    then append the epoch as a row of <output_dir>/training_log.csv."""
+def epoch_summary_callback():
+    """A Keras callback that adds val_perplexity, the wall time and the optimizer step to each epoch's logs,
+    the figures of the epoch's row of training_log.csv."""
     import tf_keras
 
     class EpochSummary(tf_keras.callbacks.Callback):
@@ -80,8 +82,66 @@ def epoch_log_callbacks(output_dir):
             logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
             logs["step"] = int(self.model.optimizer.iterations.numpy())
 
-    # One row per epoch, appended across resumed runs: the whole run's curve in one file.
-    return [EpochSummary(), tf_keras.callbacks.CSVLogger(f"{output_dir.rstrip('/')}/{TRAINING_LOG_NAME}", append=True)]
+    return EpochSummary()
+
+
+def training_log_path(output_dir):
+    return f"{output_dir.rstrip('/')}/{TRAINING_LOG_NAME}"
+
+
+def write_whole(path, text):
+    """Write a text file (local or gs://) that is never seen half-written: a temporary file, then a rename."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(f"{path}.tmp", "w") as file:
+        file.write(text)
+    tf.io.gfile.rename(f"{path}.tmp", path, overwrite=True)
+
+
+def read_training_log(path):
+    """The columns and rows (dicts of strings) of a training_log.csv; ([], []) before its first row."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        return [], []
+    with tf.io.gfile.GFile(path) as file:
+        reader = csv.DictReader(io.StringIO(file.read()))
+        rows = list(reader)
+    return list(reader.fieldnames or []), rows
+
+
+def write_epoch_row(path, epoch, logs):
+    """Log an epoch's figures (`logs`, as fit() gives them) as its row of the training_log.csv at `path`.
+
+    The file is rewritten whole, one row per epoch in order: rows of this epoch or later ones, logged before
+    an interruption and trained again since, give way to this row; a column the earlier rows lack (a rerun
+    given --eval_dataset) is added, empty in them.
+    """
+    columns, rows = read_training_log(path)
+    rows = [row for row in rows if int(row["epoch"]) < epoch] + [{"epoch": epoch, **logs}]
+    columns += [name for name in ["epoch", *sorted(logs)] if name not in columns]
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_whole(path, text.getvalue())
+
+
+def last_logged_epoch(path):
+    """The newest row of a training_log.csv as fit()'s logs ({name: [value]}), {} if none: the figures a run
+    resumed at its last step reports, having no epoch left to train."""
+    _, rows = read_training_log(path)
+    if not rows:
+        return {}
+    numbers = {name: value for name, value in rows[-1].items() if name != "epoch" and value not in ("", None)}
+    return {name: [int(value) if value.lstrip("-").isdigit() else float(value)] for name, value in numbers.items()}
+
+
+def steps_in_epochs(total_steps, steps_per_epoch):
+    """'1,500 steps = 2.31 epochs of 650 steps': how far a run's steps take it through the data."""
+    epochs = total_steps / steps_per_epoch
+    count = f"{epochs:.0f} epoch{'s' if epochs != 1 else ''}" if epochs.is_integer() else f"{epochs:.2f} epochs"
+    return f"{total_steps:,} steps = {count} of {steps_per_epoch:,} steps"
 
 
 def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True):

@@ -76,12 +76,14 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     shards_dir, tokenizer_dir, read_manifest, tmp_path
 ):
     per_epoch = read_manifest(shards_dir / "train")["records"] // BATCH_SIZE
-    total = per_epoch + 7  # the kill lands in the first epoch; the run ends inside the second
+    # --max_steps beyond the one epoch of --num_epochs' default: the kill lands in the first epoch, the run
+    # repeats the data and ends inside the second.
+    total = per_epoch + 7
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
     command = [sys.executable, str(REPO / "run_mlm.py")]
 
     # SIGKILL, no warning, as soon as the first step checkpoint exists.
-    args = training_args(shards_dir, tokenizer_dir, interrupted, "--num_epochs", 2, "--max_steps", total)
+    args = training_args(shards_dir, tokenizer_dir, interrupted, "--max_steps", total)
     process = subprocess.Popen(command + args, cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 300
@@ -108,7 +110,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     log = (interrupted / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"]
 
-    run_mlm.main(run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, uninterrupted, "--num_epochs", 2, "--max_steps", total)))
+    run_mlm.main(run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, uninterrupted, "--max_steps", total)))
     # Same weights, optimizer state, schedule position and data stream: the resumed run ends on the same model.
     for resumed, straight in zip(load_weights(interrupted), load_weights(uninterrupted)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-6)
@@ -139,3 +141,64 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
     assert logs["step"] == [12]  # started from step 0, not resumed from 12
     settings = json.loads((output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text())
     assert settings["learning_rate"] == 3e-4
+
+
+class Interrupted(BaseException):
+    """A stand-in for SIGKILL: a BaseException, so nothing on its way out of main() handles it."""
+
+
+def interrupt_at_checkpoint(monkeypatch, step, before):
+    """Make the saving of the checkpoint of `step` interrupt the run, `before` writing it or just after."""
+    import tensorflow as tf
+
+    save = tf.train.CheckpointManager.save
+
+    def interrupting_save(manager, checkpoint_number=None, **kwargs):
+        if checkpoint_number == step:
+            monkeypatch.setattr(tf.train.CheckpointManager, "save", save)  # once: the rerun saves normally
+            if before:
+                raise Interrupted
+            save(manager, checkpoint_number=checkpoint_number, **kwargs)
+            raise Interrupted
+        return save(manager, checkpoint_number=checkpoint_number, **kwargs)
+
+    monkeypatch.setattr(tf.train.CheckpointManager, "save", interrupting_save)
+
+
+@pytest.mark.parametrize(
+    ("save_steps", "interrupted_at", "before"),
+    [
+        (5, "epoch_end", False),  # the epoch's last step is a multiple of --save_steps; its row not yet logged
+        (6, "epoch_end", True),  # the epoch's row is due once its checkpoint is saved: resumed from step 18
+        (5, "last_step", False),  # nothing left to train when resumed: the figures come from the log
+    ],
+)
+def test_an_interrupted_run_logs_every_epoch_once_and_reports_its_figures(
+    save_steps, interrupted_at, before, shards_dir, tokenizer_dir, read_manifest, tmp_path, monkeypatch, capsys
+):
+    batch_size = 16
+    per_epoch = read_manifest(shards_dir / "train")["records"] // batch_size
+    total = per_epoch + 5  # beyond one epoch: two rows, the second for a part of an epoch
+    assert per_epoch % 5 == 0 and per_epoch % 6 and total % 6
+    argv = training_args(shards_dir, tokenizer_dir, tmp_path, "--max_steps", total, "--save_steps", save_steps,
+                         "--per_replica_batch_size", batch_size)  # fmt: skip
+    interrupt_at_checkpoint(monkeypatch, per_epoch if interrupted_at == "epoch_end" else total, before)
+    with pytest.raises(Interrupted):
+        run_mlm.main(run_mlm.parse_args(argv))
+    assert not (tmp_path / "config.json").exists()
+
+    trainer, _ = run_mlm.main(run_mlm.parse_args(argv))
+    assert int(trainer.optimizer.iterations.numpy()) == total
+    log = (tmp_path / contract.TRAINING_LOG_NAME).read_text().splitlines()
+    columns = log[0].split(",")
+    rows = [dict(zip(columns, row.split(","))) for row in log[1:]]
+    assert [(row["epoch"], row["step"]) for row in rows] == [("0", str(per_epoch)), ("1", str(total))], log
+    assert all(row["val_loss"] and row["loss"] for row in rows), log
+
+    # The card and the summary line show the last epoch's figures, whichever run trained it.
+    last = rows[-1]
+    results = (tmp_path / "README.md").read_text().split("## Results")[1]
+    assert f"| masked-LM loss | {float(last['loss']):.4f} | {float(last['val_loss']):.4f} |" in results, results
+    assert "–" not in results, results
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"Finished: {total:,} steps" in summary and f"eval loss {float(last['val_loss']):.4f}" in summary, summary

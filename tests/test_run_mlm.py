@@ -114,28 +114,46 @@ def test_history_has_masked_accuracy_and_perplexity(run):
     assert logs["loss"][0] < 2 * math.log(run[0].masked_lm.config.vocab_size)
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["two_epochs", "max_steps_in_second_epoch", "max_steps_with_steps_per_execution"],
-)
-def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path):
+# case: (--num_epochs, --max_steps from the steps of an epoch (None: not given), --steps_per_execution)
+STEP_CASES = {
+    "two_epochs": (2, None, 1),
+    "max_steps_below_an_epoch_overrides_num_epochs": (2, lambda per_epoch: 3, 1),
+    "max_steps_of_exactly_one_epoch": (1, lambda per_epoch: per_epoch, 1),
+    "max_steps_above_num_epochs_repeats_the_data": (1, lambda per_epoch: 2 * per_epoch + 3, 1),
+    # the stop must land on --max_steps even when a tf.function call runs several steps
+    "max_steps_with_steps_per_execution": (1, lambda per_epoch: per_epoch + 3, 4),
+}
+
+
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path, capsys):
+    """--max_steps is the number of optimizer steps, as in 🤗's Trainer: below, at or beyond --num_epochs."""
     batch_size = 16
     per_epoch = steps_per_epoch(shards_dir, read_manifest, batch_size)
     assert per_epoch > 4
-    extra = ["--num_epochs", 2, "--per_replica_batch_size", batch_size, "--config_overrides", tiny_model]
-    if case == "two_epochs":
-        expected_steps, expected_epochs = 2 * per_epoch, 2
-    elif case == "max_steps_in_second_epoch":
-        expected_steps, expected_epochs = per_epoch + 3, 2
-        extra += ["--max_steps", expected_steps]
-    else:  # the stop must land on --max_steps even when a tf.function call runs several steps
-        expected_steps, expected_epochs = per_epoch + 3, 2
-        extra += ["--max_steps", expected_steps, "--steps_per_execution", 4]
+    num_epochs, max_steps, steps_per_execution = STEP_CASES[case]
+    total = max_steps(per_epoch) if max_steps else num_epochs * per_epoch
+    extra = ["--num_epochs", num_epochs, "--per_replica_batch_size", batch_size, "--config_overrides", tiny_model,
+             "--steps_per_execution", steps_per_execution] + (["--max_steps", total] if max_steps else [])
     model, logs = train(shards_dir, tokenizer_dir, tmp_path, *extra, eval_split=False)
-    assert int(model.optimizer.iterations.numpy()) == expected_steps
-    assert len(logs["loss"]) == expected_epochs
-    assert logs["step"] == [per_epoch, expected_steps]
+    printed = capsys.readouterr().out
+
+    assert int(model.optimizer.iterations.numpy()) == total
+    epoch_ends = [*range(per_epoch, total, per_epoch), total]  # the last epoch may end part-way
+    assert logs["step"] == epoch_ends
+    log = (tmp_path / contract.TRAINING_LOG_NAME).read_text().splitlines()
+    columns = log[0].split(",")
+    rows = [dict(zip(columns, row.split(","))) for row in log[1:]]
+    assert [(row["epoch"], row["step"]) for row in rows] == [(str(i), str(end)) for i, end in enumerate(epoch_ends)]
     assert "val_loss" not in logs and "val_perplexity" not in logs
+    # The learning rate decays to 0 at the last step; resuming is checked against the same count.
+    schedule = model.optimizer.learning_rate
+    assert float(schedule(total)) == pytest.approx(0.0, abs=1e-12) and float(schedule(total - 1)) > 0
+    settings = json.loads((tmp_path / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text())
+    assert settings["total_steps"] == total
+    plan = re.search(rf": {total:,} steps = ([\d.]+) epochs? of {per_epoch} steps, batches of {batch_size} x ", printed)
+    assert plan and float(plan.group(1)) == pytest.approx(total / per_epoch, abs=0.005), printed[:2000]
+    assert f"Finished: {total:,} steps" in printed
     assert (tmp_path / "tf_model.h5").is_file()
 
 
@@ -224,7 +242,8 @@ def test_mirrored_strategy_over_two_cpu_replicas(run_script, shards_dir, tokeniz
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    summary = rf"on 2 replica\(s\) of MirroredStrategy: {steps} steps of {2 * per_replica} x {MAX_LENGTH} tokens"
+    summary = (rf"on 2 replica\(s\) of MirroredStrategy: {steps} steps = 0\.\d\d epochs of \d+ steps, batches of "
+               rf"{2 * per_replica} x {MAX_LENGTH} tokens")
     assert re.search(summary, result.stdout), result.stdout
     assert f"Finished: {steps:,} steps" in result.stdout
     assert "val_perplexity" in result.stdout
