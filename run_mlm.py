@@ -450,7 +450,7 @@ def save(model, tokenizer, output_dir, pytorch_export=True):
         for name in sorted(os.listdir(staging), key=lambda name: (name == FINISHED_RUN_MARKER, name)):
             source, target = os.path.join(staging, name), f"{output_dir}/{name}"
             if local:
-                if os.path.isdir(target):  # a replaced run's PyTorch copy
+                if os.path.isdir(target):  # a PyTorch copy left by a run killed while it published
                     shutil.rmtree(target)
                 os.replace(source, target)
             elif os.path.isdir(source):

@@ -32,7 +32,7 @@ import json
 import os
 import tempfile
 
-from mlm_pipeline import corpus, hub, model_card, storage
+from mlm_pipeline import contract, corpus, hub, model_card, storage
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1 (PyTorch
@@ -95,7 +95,7 @@ def check_args(args):
             "next steps load it from a folder or the Hub): pass a local path, and copy the folder wherever needed."
         )
     storage.check_local_output_dir(args.output_dir)
-    if os.path.exists(os.path.join(args.output_dir, "tokenizer.json")) and not args.overwrite_output_dir:
+    if os.path.exists(os.path.join(args.output_dir, contract.TOKENIZER_FILE)) and not args.overwrite_output_dir:
         raise UsageError(
             f"--output_dir {args.output_dir} already holds a tokenizer; "
             "pass --overwrite_output_dir to replace it, or choose another folder."
@@ -103,7 +103,7 @@ def check_args(args):
 
 
 def corpus_rows(args):
-    """The corpus's texts in order, the first --limit rows: a local .txt file read line by line (no Arrow cache
+    """The corpus's texts in order, the first --limit rows: a local plain-text file read line by line (no Arrow cache
     to build, so training starts at once), anything else through datasets."""
     if args.train_file is not None and corpus.local_format(args.train_file) == "text":
         rows = corpus.text_file_lines(args.train_file, args.text_column)
@@ -268,7 +268,7 @@ def save(tokenizer, output_dir):
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
         tokenizer.save_pretrained(staging)
-        names = sorted(os.listdir(staging), key=lambda name: (name == "tokenizer.json", name))
+        names = sorted(os.listdir(staging), key=lambda name: (name == contract.TOKENIZER_FILE, name))
         for name in names:
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))  # atomic on one filesystem
     return names

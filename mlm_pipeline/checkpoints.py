@@ -23,8 +23,8 @@ from .contract import (
     TRAINING_LOG_NAME,
 )
 from .errors import UsageError, first_line
-from .storage import check_local_output_dir, is_remote
-from .training_logs import read_training_log, training_log_path, write_epoch_row, write_whole
+from .storage import check_local_output_dir, is_remote, write_whole
+from .training_logs import read_training_log, training_log_path, write_epoch_row
 
 # The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the checkpoints.
 EPOCH_ROW_NAME = "epoch_row.json"

@@ -17,7 +17,8 @@ import os
 from .errors import UsageError, first_line, tf_error_text
 
 # --- train_unigram.py -> the tokenizer folder
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # either one makes a folder a tokenizer's
+TOKENIZER_FILE = "tokenizer.json"  # train_unigram.py writes it last: a folder holding it holds a whole tokenizer
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")  # either one makes a folder a tokenizer's
 
 # --- prepare_tfrecord_shards.py -> a split's folder of shards
 SPLITS = ("train", "validation", "test")

@@ -7,8 +7,15 @@ snapshot at every epoch end from a background thread while training goes on, and
 """
 
 import os
+import sys
+import tempfile
+import threading
+import time
 
+from .contract import CURVES_NAME, MODEL_CARD_NAME
 from .errors import UsageError, first_line
+from .pytorch_export import write_pytorch_copy
+from .storage import is_remote
 
 # Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's default). A
 # base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a cloud VM; a large model
@@ -76,7 +83,7 @@ def push_folder_files(repo_id, folder, names, card_text, message, what="the file
     from huggingface_hub import CommitOperationAdd, HfApi
 
     operations = [CommitOperationAdd(name, os.path.join(folder, name)) for name in names]
-    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card_text.encode("utf-8")))
+    operations.append(CommitOperationAdd(path_in_repo=MODEL_CARD_NAME, path_or_fileobj=card_text.encode("utf-8")))
     try:
         return HfApi().create_commit(repo_id, operations, commit_message=message)
     except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
@@ -123,10 +130,6 @@ class HubPusher:
 
     def write_snapshot(self, folder, trainer, card_text):
         """What a push publishes: the model, its tokenizer and the card, as run_mlm.py's save() lays them out."""
-        import os
-
-        from .contract import MODEL_CARD_NAME
-        from .pytorch_export import write_pytorch_copy
 
         trainer.masked_lm.save_pretrained(folder)
         if self.pytorch_copy:  # what transformers 5 users on the Hub load
@@ -137,9 +140,6 @@ class HubPusher:
 
     def push_in_background(self, trainer, metrics, message):
         """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True if started."""
-        import tempfile
-        import threading
-
         if self.uploading():
             return False
         staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the run fail
@@ -149,8 +149,6 @@ class HubPusher:
         return True
 
     def upload_snapshot(self, staging, message):
-        import sys
-
         try:
             self.api.upload_folder(repo_id=self.repo_id, folder_path=staging.name, commit_message=message)
             if not self.given_up:
@@ -187,14 +185,7 @@ class HubPusher:
     def push_final(self, trainer, card_text, message):
         """Push the final model and wait, `push_timeout` seconds at most; a failure or a push that does not end
         in time is one line, and the model stays saved in the output folder."""
-        import os
-        import tempfile
-        import threading
-        import time
-
         import tensorflow as tf
-
-        from .contract import CURVES_NAME
 
         waited = 0.0  # the budget covers waiting for uploads, not writing the snapshot, which is local work
         if self.uploading():
@@ -241,8 +232,6 @@ class HubPusher:
 
     def push_later(self, what_happened):
         """The one line for a final push that did not happen: the model is saved, and how to push it by hand."""
-        from .storage import is_remote
-
         local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
         return UsageError(
             f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id {self.repo_id} "

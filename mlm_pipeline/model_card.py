@@ -5,6 +5,12 @@ ModelCardData, so it is the YAML the Hub reads. A card is meant to be public, so
 the output folder are named by `public_name()`, never by a local path.
 """
 
+import math
+import os
+
+from .contract import MODEL_CARD_NAME, PYTORCH_DIR
+from .storage import is_remote
+
 
 def public_name(path):
     """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as given, a local
@@ -16,9 +22,7 @@ def public_name(path):
     path look alike; the one that exists here, or that is absolute or starts with ~ or ., is taken as local
     (a card may also name a path from another machine: the source a manifest recorded).
     """
-    import os
-
-    if not path or "://" in path:
+    if not path or is_remote(path):
         return path
     if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
         return os.path.basename(os.path.abspath(os.path.expanduser(path)))  # abspath: "." and "a/b/" name a folder
@@ -67,10 +71,6 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
     model (its optimizer counts the steps taken, in this process or before a resume) and `metrics` the figures
     of the latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
     """
-    import math
-    import os
-
-    from .contract import PYTORCH_DIR
 
     train_manifest, eval_manifest = manifests
     total_steps, steps_per_epoch = planned_steps
@@ -194,8 +194,6 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
 def write_model_card(card_text, output_dir):
     """<output_dir>/README.md (local or gs://)."""
     import tensorflow as tf
-
-    from .contract import MODEL_CARD_NAME
 
     with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/{MODEL_CARD_NAME}", "w") as file:
         file.write(card_text)

@@ -2,7 +2,8 @@
 
 transformers 5 has no TF models, so run_mlm.py also writes its model with PyTorch's names and layouts, as
 model.safetensors beside the config and tokenizer, without needing torch. `check_pytorch_export()` refuses,
-before training, a config whose copy would be unverified or would not be the same model.
+before training, a config whose copy would be unverified or untied; a RoBERTa pad id other than 1, which would
+shift PyTorch's positions, is refused by run_mlm.py's build_config and asserted again when the copy is written.
 """
 
 import os

@@ -282,7 +282,7 @@ def check_parts_agree(split_dir, parts):
 
 def check_shard_files(split_dir, parts, manifest):
     """Every shard a part lists is there, and no other: the folder then holds exactly what a single run writes.
-    (Their sizes are checked by run_mlm.py before training, one stat() each; here one listing does.)"""
+    (Their sizes are checked before training by contract.check_shards, one stat() each; here one listing does.)"""
     import tensorflow as tf
 
     present = {path.rsplit("/", 1)[-1] for path in tf.io.gfile.glob(f"{split_dir}/*.tfrecord")}

@@ -17,6 +17,7 @@ import os
 
 from .contract import MANIFEST_NAME, PART_MANIFEST_PATTERN, part_name
 from .errors import UsageError
+from .storage import write_whole
 
 
 def own_manifest_name(worker_index, num_workers):
@@ -171,9 +172,4 @@ def remove_if_present(path):
 
 def write_manifest(split_dir, name, manifest):
     """Write the manifest (or part) `name` under a temporary name first, so that it appears whole or not at all."""
-    import tensorflow as tf
-
-    temporary = f"{split_dir}/.{name}.tmp"
-    with tf.io.gfile.GFile(temporary, "w") as file:
-        file.write(json.dumps(manifest, indent=2) + "\n")
-    tf.io.gfile.rename(temporary, f"{split_dir}/{name}", overwrite=True)
+    write_whole(f"{split_dir}/{name}", json.dumps(manifest, indent=2) + "\n")

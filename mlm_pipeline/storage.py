@@ -21,6 +21,18 @@ def is_remote(path):
     return "://" in path
 
 
+def write_whole(path, text):
+    """Write a text file (local or gs://) that is never seen half-written: a hidden temporary file beside it,
+    then a rename (atomic on a local file system; a Cloud Storage object appears once complete)."""
+    import tensorflow as tf
+
+    folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    temporary = f"{folder}/.{name}.tmp"
+    with tf.io.gfile.GFile(temporary, "w") as file:
+        file.write(text)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
 def check_local_output_dir(output_dir, flag="--output_dir"):
     """The nearest existing folder of a local path must be a folder, and writable, so the path can be made."""
     existing = os.path.abspath(output_dir)

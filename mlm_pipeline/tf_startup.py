@@ -7,6 +7,7 @@ TF_CPP_MIN_LOG_LEVEL says, and they read like errors. The scripts load TensorFlo
 fails for a reason other than the user's input. TF_CPP_MIN_LOG_LEVEL=0 shows them always.
 """
 
+import functools
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from .errors import UsageError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
+@functools.lru_cache(maxsize=None)
 def installed_as_tpu_build():
     """Whether TensorFlow is installed as the distribution "tensorflow-tpu" alone (requirements-tpu.txt)."""
     from importlib import metadata

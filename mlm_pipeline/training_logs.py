@@ -14,6 +14,7 @@ import math
 import time
 
 from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
+from .storage import write_whole
 
 
 def position_accuracy(name):
@@ -68,7 +69,7 @@ def epoch_summary_callback():
     import tf_keras
 
     class EpochSummary(tf_keras.callbacks.Callback):
-        start = None  # set once: fit_exact_steps may call fit() twice with the same callbacks
+        start = None  # set once: fit_exact_steps may call fit() several times with the same callbacks
 
         def on_train_begin(self, logs=None):
             if self.start is None:
@@ -87,15 +88,6 @@ def epoch_summary_callback():
 
 def training_log_path(output_dir):
     return f"{output_dir.rstrip('/')}/{TRAINING_LOG_NAME}"
-
-
-def write_whole(path, text):
-    """Write a text file (local or gs://) that is never seen half-written: a temporary file, then a rename."""
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(f"{path}.tmp", "w") as file:
-        file.write(text)
-    tf.io.gfile.rename(f"{path}.tmp", path, overwrite=True)
 
 
 def read_training_log(path):
@@ -239,7 +231,6 @@ def read_scalars(log_dir):
 
 def plot_curves(log_dir, path):
     """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or gs://)."""
-    import io
 
     import matplotlib
 
