@@ -415,7 +415,7 @@ def main(args):
 
         tf.config.list_physical_devices()  # serialize()'s ops look for devices, which logs too (cuInit)
     settings = shard_workers.run_settings(args, tokenizer, describe_source(args))
-    split_dir = f"{args.output_dir.rstrip('/')}/{args.split}"
+    split_dir = contract.split_dir(args.output_dir, args.split)
     # Checked before tokenizing: refusing after minutes of work would waste them.
     written = split_folder.check_split_dir(split_dir, settings, args.worker_index, args.overwrite_output_dir)
     if written is not None:  # a worker run again, by hand or by a scheduler's retry: nothing to do

@@ -29,6 +29,11 @@ MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 PART_MANIFEST_PATTERN = "manifest-*-of-*.json"  # worker i of N writes manifest-<i>-of-<N>.json until --merge
 
 
+def split_dir(output_dir, split):
+    """Where prepare writes a split, and what run_mlm's --train_dataset / --eval_dataset then name."""
+    return f"{output_dir.rstrip('/')}/{split}"
+
+
 def shard_name(split, block, shard, records):
     """Names sort as the manifest lists the shards: by block, then by place in the block."""
     return f"{split}-{block:05d}-{shard:05d}-{records}.tfrecord"

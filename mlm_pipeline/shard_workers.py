@@ -11,6 +11,7 @@ workers wrote them. How the split's folder is checked, cleared and written safel
 import hashlib
 import json
 
+from . import contract
 from .contract import FEATURE_NAME, MANIFEST_NAME, part_name
 from .errors import UsageError
 from .split_folder import first_difference, read_parts, remove_if_present, worker_of, write_manifest
@@ -168,7 +169,7 @@ def merge_parts(output_dir, split, num_workers, overwrite, packing):
     """--merge: check that the N parts are all there and agree, write manifest.json from them, then remove them."""
     import tensorflow as tf
 
-    split_dir = f"{output_dir.rstrip('/')}/{split}"
+    split_dir = contract.split_dir(output_dir, split)
     names = [part_name(index, num_workers) for index in range(num_workers)]
     found = read_parts(split_dir)
     if tf.io.gfile.exists(f"{split_dir}/{MANIFEST_NAME}") and not overwrite:
