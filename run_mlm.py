@@ -30,79 +30,14 @@ import functools
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-from mlm_pipeline import checkpoints, contract, hosts, hub, model_card, storage, tf_startup, training_logs
-from mlm_pipeline.contract import CURVES_NAME, FEATURE_NAME, FINISHED_RUN_MARKER, TENSORBOARD_DIR
-from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, first_line, tf_error_text
+from mlm_pipeline import checkpoints, contract, hosts, hub, model_card, model_folder, storage, tf_startup, training_logs
+from mlm_pipeline.contract import FEATURE_NAME
+from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, first_line
 from mlm_pipeline.errors import non_negative_int, positive_int
-from mlm_pipeline.pytorch_export import FIXED_PADDING_INDEX_MODELS, check_pytorch_export, write_pytorch_copy
-
-
-def parse_args(argv=None):
-    parser = OneLineErrorParser(description="Pretrain a masked language model from scratch on TFRecord shards.")
-    data = parser.add_argument_group("data")
-    data.add_argument("--train_dataset", required=True, help="Folder of train shards (local or gs://).")
-    data.add_argument("--eval_dataset", help="Folder of evaluation shards (local or gs://); optional.")
-    data.add_argument("--tokenizer", required=True, help="Tokenizer folder or Hub id (from train_unigram.py).")
-    data.add_argument("--max_length", type=int, help="Sequence length; must equal the shards' (default: theirs).")
-    data.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens masked (default: 0.15).")
-    data.add_argument("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled together.")
-    model = parser.add_argument_group("model")
-    model.add_argument("--pretrained_model_config", help="Config to start from: Hub id, local folder or JSON file; "
-                       "never weights. Default: RoBERTa-base's architecture (transformers' RobertaConfig()).")
-    model.add_argument("--config_overrides", help="Comma-separated config changes, e.g. "
-                       "hidden_size=256,num_hidden_layers=4,num_attention_heads=4")
-    model.add_argument("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
-    training = parser.add_argument_group("training")
-    training.add_argument("--output_dir", required=True, help="Where the model and tokenizer are saved.")
-    training.add_argument("--overwrite_output_dir", action="store_true", help="Replace a finished run there.")
-    training.add_argument("--no_pytorch_export", action="store_true", help="Save the TF weights only. By default "
-                          "--output_dir/pytorch also gets a PyTorch copy (model.safetensors, config, tokenizer) that "
-                          "transformers 5 loads; written for roberta, roberta-prelayernorm and bert configs.")
-    training.add_argument("--per_replica_batch_size", type=positive_int, default=8, help="Sequences per replica.")
-    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards "
-                          "(default: 1); --max_steps overrides it.")
-    training.add_argument("--max_steps", type=positive_int, help="Optimizer steps to run in all, overriding "
-                          "--num_epochs: the data repeats as needed and the last epoch may end part-way.")
-    training.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate (default: 1e-4).")
-    training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
-    training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
-    training.add_argument("--seed", type=int, default=42, help="Seed for shuffling, masking and initialisation.")
-    training.add_argument("--mlm_head", choices=("sparse", "full"), default="sparse", help="sparse (default): the LM "
-                          "head and loss at the masked positions only, the same loss for far less work; full: "
-                          "vocabulary logits at every position, as transformers computes them.")
-    training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
-    training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
-    training.add_argument("--steps_per_execution", type=positive_int, default=1, help="Steps per tf.function call.")
-    training.add_argument("--save_steps", type=non_negative_int, default=1000, help="Checkpoint every this many "
-                          "steps and at every epoch end (0: epoch ends only); the same command, run again after an "
-                          "interruption, resumes from the newest checkpoint (default: 1000).")
-    training.add_argument("--save_total_limit", type=positive_int, default=3, help="Checkpoints kept (default: 3).")
-    training.add_argument("--logging_steps", type=positive_int, default=50, help="Write the training loss, "
-                          "accuracies, learning rate and tokens/s to TensorBoard (<output_dir>/logs) every this many "
-                          "steps (default: 50); evaluation is logged after every epoch.")
-    training.add_argument("--hub_model_id", help="Push the model, its tokenizer and a model card to this Hub "
-                          "repository (namespace/name) over HTTP, with the token of `hf auth login` or HF_TOKEN: the "
-                          "repository is made before training, a snapshot is uploaded in the background at each "
-                          "epoch end (skipped while the previous one uploads), and the run waits for the final push.")
-    training.add_argument("--hub_private", action="store_true", help="Make the --hub_model_id repo private (if new).")
-    training.add_argument("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="At the end, "
-                          "wait this long (s) for the Hub uploads, then exit saying how to push later (default: 3600).")
-    hardware = parser.add_argument_group("hardware")
-    hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
-    hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
-    hardware.add_argument("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
-    hardware.add_argument("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
-    hardware.add_argument("--multi_worker", action="store_true", help="Train across machines with "
-                          "MultiWorkerMirroredStrategy: every machine runs this same command with its own TF_CONFIG, "
-                          "and worker 0 (or the chief) alone writes. Implies --no_tpu.")
-    hardware.add_argument("--cpu_replicas", type=positive_int, default=1, help="With --no_tpu and no GPU: split the "
-                          "CPU into this many mirrored replicas, to rehearse a TPU's multi-replica path (default: 1).")
-    return parser.parse_args(argv)
+from mlm_pipeline.pytorch_export import FIXED_PADDING_INDEX_MODELS, check_pytorch_export
 
 
 def build_strategy(args):
@@ -126,15 +61,8 @@ def build_strategy(args):
         return tf.distribute.TPUStrategy(resolver)
     if tf.config.list_physical_devices("GPU"):
         return tf.distribute.MirroredStrategy()  # every visible GPU; narrow with CUDA_VISIBLE_DEVICES
-    if args.cpu_replicas > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        try:
-            replicas = [tf.config.LogicalDeviceConfiguration()] * args.cpu_replicas
-            tf.config.set_logical_device_configuration(cpu, replicas)
-        except RuntimeError:
-            raise UsageError(f"--cpu_replicas {args.cpu_replicas} must take effect before TensorFlow starts; "
-                             "call run_mlm.py in a fresh process.") from None
-        return tf.distribute.MirroredStrategy([device.name for device in tf.config.list_logical_devices("CPU")])
+    if args.cpu_replicas > 1:  # the CPU split into logical devices, to rehearse a TPU's replicas
+        return tf.distribute.MirroredStrategy(hosts.logical_cpus(args.cpu_replicas))
     return tf.distribute.get_strategy()
 
 
@@ -143,7 +71,17 @@ def max_predictions(max_length, mlm_probability):
     return max(1, math.ceil(max_length * mlm_probability))
 
 
-def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids):
+def word_start_table(tokenizer):
+    """[vocabulary] booleans: does this piece begin a word? From the vocabulary's own markers: "▁" begins one in
+    SentencePiece-style vocabularies (this project's), "Ġ" in byte-level BPE; in WordPiece "##" continues one."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    marker = max(("▁", "Ġ", "##"), key=lambda marker: sum(piece.startswith(marker) for piece in pieces))
+    if not any(piece.startswith(marker) for piece in pieces):
+        raise UsageError("--whole_word_masking needs a vocabulary that marks words (pieces with ▁, Ġ or ##).")
+    return [piece.startswith(marker) != (marker == "##") for piece in pieces]
+
+
+def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids, word_starts=None):
     """BERT masking in TF ops, stateless so the same seed always gives the same masks.
 
     In each sequence, round(`mlm_probability` x its non-special tokens) positions are chosen at random (never
@@ -152,6 +90,11 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     `max_predictions()` positions, which is what lets the model score those positions alone. Returns the
     masked ids [batch, length], the chosen positions [batch, predictions] and their labels: the original ids,
     or -100 in slots beyond the sequence's count (skipped by loss and metrics; their position is 0, harmless).
+
+    With `word_starts` (word_start_table() as a tensor) whole words are chosen instead: a word is a piece that
+    begins one and the pieces after it that do not (a special token, or the first piece of a sequence cut from
+    a longer text, always begins one). Words are taken in a random order for as long as their pieces fit in
+    the sequence's count, so no word is ever partly chosen; the 80/10/10 rule still applies piece by piece.
     """
     import tensorflow as tf
 
@@ -163,9 +106,22 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     count = tf.cast(tf.round(mlm_probability * tf.reduce_sum(tf.cast(maskable, tf.float32), axis=-1)), tf.int32)
 
     # A random ranking of the maskable positions; the first `count` of each row are chosen.
-    scores = tf.where(maskable, tf.random.stateless_uniform(shape, choose_seed), -1.0)
-    _, ranked = tf.math.top_k(scores, k=predictions)
-    used = tf.range(predictions)[None, :] < count[:, None]
+    noise = tf.random.stateless_uniform(shape, choose_seed)
+    if word_starts is None:
+        _, ranked = tf.math.top_k(tf.where(maskable, noise, -1.0), k=predictions)
+        used = tf.range(predictions)[None, :] < count[:, None]
+    else:  # every piece takes its word's draw, so a word's pieces rank side by side (top_k keeps ties in order)
+        follows_special = tf.pad(~maskable[:, :-1], [[0, 0], [1, 0]], constant_values=True)
+        starts = tf.gather(word_starts, input_ids) | ~maskable | follows_special
+        word = tf.cumsum(tf.cast(starts, tf.int32), axis=-1) - 1  # each position's word, numbered from 0
+        word_noise = tf.gather(noise, word, batch_dims=1)
+        _, ranked = tf.math.top_k(tf.where(maskable, word_noise, -1.0), k=min(predictions + 1, length))
+        ranked_word = tf.gather(word, ranked, batch_dims=1)
+        word_ends = tf.pad(ranked_word[:, 1:] != ranked_word[:, :-1], [[0, 0], [0, 1]], constant_values=True)
+        # Take the ranking up to its last word end within the count: whole words only, never over the count.
+        taken = tf.range(1, ranked.shape[-1] + 1)[None, :]
+        cutoff = tf.reduce_max(tf.where(word_ends & (taken <= count[:, None]), taken, 0), axis=-1)
+        ranked, used = ranked[:, :predictions], tf.range(predictions)[None, :] < cutoff[:, None]
     positions = tf.where(used, ranked, 0)
     labels = tf.where(used, tf.gather(input_ids, positions, batch_dims=1), -100)
     chosen = tf.reduce_any(tf.one_hot(positions, length, on_value=True, off_value=False) & used[..., None], axis=1)
@@ -182,7 +138,7 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
 
 
 def build_dataset(files, tokenizer, args, max_length, batch_size, training, start_epoch=0, start_batch=0,
-                  batches_per_epoch=None, pipeline=0):  # fmt: skip
+                  batches_per_epoch=None, pipeline=0, pieces=1):  # fmt: skip
     """Shards -> shuffled, batched, parsed, masked batches of ({"input_ids", "masked_positions"}, labels).
 
     Every shape is static. `files` are this input pipeline's own shards; each epoch yields at most
@@ -193,6 +149,9 @@ def build_dataset(files, tokenizer, args, max_length, batch_size, training, star
     masks change every epoch, as in RoBERTa, yet any point of the stream can be rebuilt from (`start_epoch`,
     `start_batch`) alone: that is how a resumed run continues where it stopped. Evaluation data is one pass in
     file order with the same masks every time, so the epochs' figures compare.
+
+    `pieces` > 1 is the sequence-length warmup's phase: each sequence is cut into that many shorter ones, and
+    the batch holds `pieces` times as many, so a step sees as many tokens as at full length.
     """
     import tensorflow as tf
 
@@ -200,6 +159,7 @@ def build_dataset(files, tokenizer, args, max_length, batch_size, training, star
     special_ids = tf.constant(sorted(special), dtype=tf.int32)
     replacement_ids = tf.constant([i for i in range(len(tokenizer)) if i not in special], dtype=tf.int32)
     mask_token_id = tf.constant(tokenizer.mask_token_id, dtype=tf.int32)
+    word_starts = tf.constant(word_start_table(tokenizer)) if training and args.whole_word_masking else None
     files = tf.constant(files)
     base_seed = tf.constant([args.seed, 1 if training else 2], dtype=tf.int64)  # train and eval draws differ
     if pipeline:  # each host draws its own shuffles and masks; host 0 draws those of a single-host run
@@ -238,9 +198,9 @@ def build_dataset(files, tokenizer, args, max_length, batch_size, training, star
     def parse_and_mask(epoch, index, serialized):
         # Parsing a whole batch in one op is far cheaper than parsing records one by one.
         input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
-        masked_ids, positions, labels = mask_tokens(
-            input_ids, seed_for(epoch, index), args.mlm_probability, mask_token_id, special_ids, replacement_ids
-        )
+        input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks are then drawn per piece
+        masked_ids, positions, labels = mask_tokens(input_ids, seed_for(epoch, index), args.mlm_probability,
+                                                    mask_token_id, special_ids, replacement_ids, word_starts)
         return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
 
     return dataset.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -287,13 +247,15 @@ def build_config(args, tokenizer, max_length):
     # RoBERTa numbers positions from pad_token_id + 1, so its table needs max_length + pad + 1 rows; other models
     # need max_length. The larger bound serves both.
     config.max_position_embeddings = max(config.max_position_embeddings, max_length + tokenizer.pad_token_id + 1)
+    if not args.no_pytorch_export:
+        check_pytorch_export(config)  # a config the PyTorch copy cannot be written for is refused now, not at the end
     if config.hidden_size % config.num_attention_heads:
         raise UsageError(f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
                          f"{config.num_attention_heads}; fix --config_overrides.")
     return config
 
 
-def masked_lm_trainer(masked_lm, mlm_head, mask_token_id):
+def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
     """Wrap a transformers TF masked LM in a Keras model whose fit() scores the masked positions only.
 
     With `mlm_head="sparse"` the encoder's hidden states are gathered at the masked positions first, so the LM
@@ -336,33 +298,56 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id):
             # Under mixed bfloat16 the logits arrive in bf16; softmax and loss need float32's range.
             return tf.cast(logits, tf.float32)
 
-        def loss_and_metrics(self, features, labels, training):
+        def summed_loss_and_metrics(self, features, labels, training):
+            """The cross-entropy summed over the masked positions; the accuracies updated with them."""
             logits = self.call(features, training)
             scored = tf.not_equal(labels, -100)  # -100: a slot beyond the sequence's count of masked positions
             per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.maximum(labels, 0), logits)
-            weights = tf.cast(scored, tf.float32)
-            loss = tf.reduce_sum(per_position * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
 
             predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
             inputs_at_positions = tf.gather(features[FEATURE_NAME], features["masked_positions"], batch_dims=1)
             was_mask = scored & tf.equal(inputs_at_positions, mask_token_id)
-            self.loss_tracker.update_state(loss)
             self.masked_accuracy.update_state(labels, predictions, scored)
             self.mask_token_accuracy.update_state(labels, predictions, was_mask)
             self.top_token_share.update_state(predictions, was_mask)
-            return loss
+            return tf.reduce_sum(tf.where(scored, per_position, 0.0))
 
         def train_step(self, data):
+            """One optimizer step on the mean loss over the batch's masked positions, from N micro-batches."""
             features, labels = data
-            with tf.GradientTape() as tape:
-                loss = self.loss_and_metrics(features, labels, training=True)
-                # Each replica's gradients are summed across replicas, so each contributes its share.
-                replica_loss = loss / tf.distribute.get_strategy().num_replicas_in_sync
-            self.optimizer.minimize(replica_loss, self.trainable_variables, tape=tape)
+            count = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(labels, -100), tf.float32)), 1.0)
+            # Each replica's gradients are summed across replicas, so each contributes its share.
+            scale = 1.0 / (count * tf.distribute.get_strategy().num_replicas_in_sync)
+            if accumulation_steps == 1:
+                with tf.GradientTape() as tape:
+                    loss_sum = self.summed_loss_and_metrics(features, labels, training=True)
+                    scaled_loss = loss_sum * scale
+                self.optimizer.minimize(scaled_loss, self.trainable_variables, tape=tape)
+            else:  # each micro-batch's sum over the whole batch's count: N x (B/N) gives B's gradients exactly
+                split = lambda tensor: tf.reshape(  # noqa: E731  (fit() may trace a phase with unknown lengths)
+                    tensor, tf.concat([[accumulation_steps, -1], tf.shape(tensor)[1:]], axis=0))
+                features, labels = tf.nest.map_structure(split, features), split(labels)
+
+                def accumulate(micro, loss_sum, *gradients):  # a while loop: one micro-batch's activations at a time
+                    with tf.GradientTape() as tape:
+                        micro_features = {name: tensor[micro] for name, tensor in features.items()}
+                        micro_sum = self.summed_loss_and_metrics(micro_features, labels[micro], training=True)
+                        scaled_loss = micro_sum * scale
+                    micro_gradients = tape.gradient(scaled_loss, self.trainable_variables)
+                    return micro + 1, loss_sum + micro_sum, *[total + tf.convert_to_tensor(gradient)
+                                                              for total, gradient in zip(gradients, micro_gradients)]
+
+                zeros = [tf.zeros_like(weight) for weight in self.trainable_variables]
+                _, loss_sum, *gradients = tf.while_loop(lambda micro, *_: micro < accumulation_steps, accumulate,
+                                                        (tf.constant(0), tf.constant(0.0), *zeros))
+                self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            self.loss_tracker.update_state(loss_sum / count)
             return {metric.name: metric.result() for metric in self.metrics}
 
         def test_step(self, data):
-            self.loss_and_metrics(*data, training=False)
+            features, labels = data
+            count = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(labels, -100), tf.float32)), 1.0)
+            self.loss_tracker.update_state(self.summed_loss_and_metrics(features, labels, training=False) / count)
             return {metric.name: metric.result() for metric in self.metrics}
 
     return MaskedLMTrainer()
@@ -370,106 +355,129 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id):
 
 def build_model(config, args, total_steps, strategy, mask_token_id):
     """The masked LM and the trainer that fits it, with AdamW and its schedule, created in the strategy's scope."""
+    import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     tf_startup.hide_transformers_tf_deprecation()
+    if args.bfloat16:
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before any layer is built
     with strategy.scope():
         masked_lm = TFAutoModelForMaskedLM.from_config(config)
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
-        trainer = masked_lm_trainer(masked_lm, args.mlm_head, mask_token_id)
-        # AdamW, linear warmup then linear decay to 0; no decay on biases and layer norms.
-        optimizer, _ = create_optimizer(args.learning_rate, total_steps, int(args.warmup_ratio * total_steps),
-                                        weight_decay_rate=args.weight_decay_rate)
+        trainer = masked_lm_trainer(masked_lm, args.mlm_head, mask_token_id, args.gradient_accumulation_steps)
+        # AdamW, linear warmup then linear decay to 0; no decay on biases and layer norms; the gradients of all
+        # replicas clipped together to --max_grad_norm.
+        optimizer, _ = create_optimizer(
+            args.learning_rate, total_steps, int(args.warmup_ratio * total_steps), adam_beta1=args.adam_beta1,
+            adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon, adam_global_clipnorm=args.max_grad_norm or None,
+            weight_decay_rate=args.weight_decay_rate)
         trainer.compile(optimizer=optimizer, jit_compile=args.jit_compile, steps_per_execution=args.steps_per_execution)
     return masked_lm, trainer
 
 
-def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, **fit_kwargs):
+def sequence_length_warmup(args, max_length, total_steps):
+    """(steps on short pieces, pieces per sequence): the warmup's phase, cut from the shards as they are.
+
+    On short sequences a [MASK] gets more of the attention (spread evenly at first) from its neighbours, and each
+    position's embedding is trained by more sequences a step: a model learns to read its context sooner. BERT
+    did 90% of its steps at 128 tokens, then 512, from data written twice; here the phase follows from the step.
+    """
+    short = args.short_sequence_length
+    if short is None:
+        return 0, 1
+    if short >= max_length or max_length % short:
+        raise UsageError(f"--short_sequence_length {short} must divide the shards' length {max_length} into "
+                         f"pieces (e.g. {max_length // 4}); or drop it to train at full length throughout.")
+    return round(args.short_sequence_ratio * total_steps), max_length // short
+
+
+def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup=(0, 1),
+                    **fit_kwargs):  # fmt: skip
     """Run optimizer steps start_step .. total_steps with model.fit, evaluating at the end of every epoch.
 
     `train_dataset_from(step)` gives the training stream from that step on, so every fit() call continues the
     data (order and masks) exactly where the previous call, or the interrupted run, stopped. A run that starts
-    or ends mid-epoch gets a fit() call of its own for that part (checkpoints.fit_segments says why).
+    or ends mid-epoch gets a fit() call of its own for that part (checkpoints.fit_segments says why), and so
+    does each phase of the sequence-length `warmup` (short_steps, pieces): within a call every shape is fixed.
     """
-    logs = {}
-    for first_step, epoch, epochs, steps in checkpoints.fit_segments(start_step, total_steps, steps_per_epoch):
-        dataset = train_dataset_from(first_step)
+    logs, (short_steps, pieces) = {}, warmup
+    for first_step, epoch, epochs, steps in checkpoints.fit_segments(start_step, total_steps, steps_per_epoch,
+                                                                     phase_end=short_steps):
+        dataset = train_dataset_from(first_step, pieces=pieces if first_step < short_steps else 1)
         history = model.fit(dataset, initial_epoch=epoch, epochs=epoch + epochs, steps_per_epoch=steps, **fit_kwargs)
         for key, values in history.history.items():
             logs[key] = logs.get(key, []) + values
     return logs
 
 
-def training_callbacks(args, chief, pusher, manager, total_steps, tokens_per_step):
-    """What fit() does besides the steps, through Keras callbacks.
-
-    A checkpoint every --save_steps optimizer steps and at every epoch end (<output_dir>/checkpoints): the
-    weights, the optimizer's moments and its step count, which is also the position of the learning-rate
-    schedule and of the data stream, so a rerun of the same command resumes exactly there. TensorBoard
-    scalars (<output_dir>/logs): every --logging_steps steps the training loss and accuracies over those steps,
-    the learning rate and tokens per second; after each epoch the evaluation figures and perplexity. On the
-    chief alone: each epoch as a row of training_log.csv, written once the epoch's checkpoint is saved, and a
-    Hub snapshot pushed in the background.
-    """
-    callbacks = [training_logs.epoch_summary_callback()] if chief else []  # first: it completes the epoch's logs
-    if pusher is not None:
-        callbacks.append(pusher.epoch_end_callback(total_steps))
-    callbacks.append(training_logs.tensorboard_callback(args.output_dir, args.logging_steps, tokens_per_step, chief))
-    training_log = training_logs.training_log_path(args.output_dir) if chief else None
-    return callbacks + [checkpoints.checkpoint_callback(manager, args.save_steps, training_log)]
-
-
-def corrupt_shard_error(error, train_manifest, eval_manifest, output_dir):
-    """A shard that fit() found corrupt, as a UsageError that names it: TF's own error does not."""
-    corrupt = contract.find_corrupt_shard(train_manifest["files"] + (eval_manifest or {}).get("files", []))
-    return UsageError(
-        f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun prepare_tfrecord_shards.py, "
-        f"then this command: it resumes from the newest checkpoint in {output_dir}."
-    )
-
-
-def save(model, tokenizer, output_dir, pytorch_export=True):
-    """Write the model and tokenizer so that an interruption can never leave a folder that looks finished.
-
-    save_pretrained() writes through the local filesystem, so everything is written to a staging folder
-    first (inside a local output folder; a temporary one for gs://) and then published file by file,
-    config.json last: the folder counts as finished once it holds config.json, and by then every other
-    file is complete. Each file appears whole: a rename within one filesystem is atomic, and a GCS object
-    exists only once fully uploaded.
-    """
-    import tensorflow as tf
-
-    output_dir = output_dir.rstrip("/")
-    local = not storage.is_remote(output_dir)
-    tf.io.gfile.makedirs(output_dir)
-    with tempfile.TemporaryDirectory(dir=output_dir if local else None, prefix=".saving-") as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if pytorch_export:  # staged like the rest, so it is published before config.json
-            write_pytorch_copy(model, tokenizer, staging)
-        for name in sorted(os.listdir(staging), key=lambda name: (name == FINISHED_RUN_MARKER, name)):
-            source, target = os.path.join(staging, name), f"{output_dir}/{name}"
-            if local:
-                if os.path.isdir(target):  # a PyTorch copy left by a run killed while it published
-                    shutil.rmtree(target)
-                os.replace(source, target)
-            elif os.path.isdir(source):
-                for inner in sorted(os.listdir(source)):
-                    tf.io.gfile.makedirs(target)
-                    tf.io.gfile.copy(os.path.join(source, inner), f"{target}/{inner}", overwrite=True)
-            else:
-                tf.io.gfile.copy(source, target, overwrite=True)
-
-
-def publish(args, masked_lm, tokenizer, card_text):
-    """On the chief, once training ends: the model saved (config.json, tf_model.h5, the tokenizer, pytorch/),
-    then beside it its card (README.md: data, settings, results) and training_curves.png, the loss and the
-    accuracy at [MASK] against the step, drawn from the TensorBoard scalars."""
-    save(masked_lm, tokenizer, args.output_dir, pytorch_export=not args.no_pytorch_export)
-    model_card.write_model_card(card_text, args.output_dir)
-    output_dir = args.output_dir.rstrip("/")
-    training_logs.plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
-    print(f"Saved the model and tokenizer to {args.output_dir}, the curves to {output_dir}/{CURVES_NAME}.")
+def parse_args(argv=None):
+    parser = OneLineErrorParser(description="Pretrain a masked language model from scratch on TFRecord shards.")
+    data = parser.add_argument_group("data")
+    data.add_argument("--train_dataset", required=True, help="Folder of train shards (local or gs://).")
+    data.add_argument("--eval_dataset", help="Folder of evaluation shards (local or gs://); optional.")
+    data.add_argument("--tokenizer", required=True, help="Tokenizer folder or Hub id (from train_unigram.py).")
+    data.add_argument("--max_length", type=int, help="Sequence length; must equal the shards' (default: theirs).")
+    data.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens masked (default: 0.15).")
+    data.add_argument("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled together.")
+    data.add_argument("--whole_word_masking", action="store_true", help="Train on whole words masked: a word's pieces "
+                      "are chosen together (evaluation keeps token masking, so runs compare).")
+    model = parser.add_argument_group("model")
+    model.add_argument("--pretrained_model_config", help="Config to start from: Hub id, local folder or JSON file; "
+                       "never weights. Default: RoBERTa-base's architecture (transformers' RobertaConfig()).")
+    model.add_argument("--config_overrides", help="Comma-separated config changes, e.g. "
+                       "hidden_size=256,num_hidden_layers=4,num_attention_heads=4")
+    model.add_argument("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
+    training = parser.add_argument_group("training")
+    training.add_argument("--output_dir", required=True, help="Where the model and tokenizer are saved.")
+    training.add_argument("--overwrite_output_dir", action="store_true", help="Replace a finished run there.")
+    training.add_argument("--no_pytorch_export", action="store_true", help="Save the TF weights only, without "
+                          "--output_dir/pytorch: a copy for transformers 5 (roberta, roberta-prelayernorm, bert).")
+    training.add_argument("--per_replica_batch_size", type=positive_int, default=8, help="Sequences per replica.")
+    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards "
+                          "(default: 1); --max_steps overrides it.")
+    training.add_argument("--max_steps", type=positive_int, help="Optimizer steps to run in all, overriding "
+                          "--num_epochs: the data repeats as needed and the last epoch may end part-way.")
+    training.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate (default: 1e-4).")
+    training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
+    training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
+    training.add_argument("--max_grad_norm", type=float, default=0.0, help="Global gradient norm clip; 0: none.")
+    training.add_argument("--adam_beta1", type=float, default=0.9, help="Adam's beta1 (default: 0.9).")
+    training.add_argument("--adam_beta2", type=float, default=0.999, help="Adam's beta2 (default: 0.999).")
+    training.add_argument("--adam_epsilon", type=float, default=1e-8, help="Adam's epsilon (default: 1e-8).")
+    training.add_argument("--short_sequence_length", type=positive_int, help="Sequence-length warmup: for the first "
+                          "--short_sequence_ratio of the steps, cut every sequence into pieces this long (it must "
+                          "divide the shards' length), with as many tokens a step; then train at full length.")
+    training.add_argument("--short_sequence_ratio", type=float, default=0.5, help="Share of the steps at "
+                          "--short_sequence_length (default: 0.5).")
+    training.add_argument("--gradient_accumulation_steps", type=positive_int, default=1, help="Split each replica's "
+                          "batch into this many micro-batches and add up their gradients: the same optimizer step in "
+                          "less memory (default: 1).")
+    training.add_argument("--seed", type=int, default=42, help="Seed for shuffling, masking and initialisation.")
+    training.add_argument("--mlm_head", choices=("sparse", "full"), default="sparse", help="sparse (default): LM head "
+                          "at the masked positions only, the same loss for less work; full: logits everywhere.")
+    training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
+    training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
+    training.add_argument("--steps_per_execution", type=positive_int, default=1, help="Steps per tf.function call.")
+    training.add_argument("--save_steps", type=non_negative_int, default=1000, help="Checkpoint every this many steps "
+                          "and at epoch ends (0: those only); rerun the command to resume (default: 1000).")
+    training.add_argument("--save_total_limit", type=positive_int, default=3, help="Checkpoints kept (default: 3).")
+    training.add_argument("--logging_steps", type=positive_int, default=50, help="Log training figures "
+                          "to TensorBoard (<output_dir>/logs) every this many steps; evaluation: each epoch.")
+    training.add_argument("--hub_model_id", help="Push model, tokenizer and card to this Hub repository (namespace/"
+                          "name; `hf auth login` or HF_TOKEN): a snapshot at each epoch end, then the final one.")
+    training.add_argument("--hub_private", action="store_true", help="Make the --hub_model_id repo private (if new).")
+    training.add_argument("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="At the end, "
+                          "wait this long (s) for the Hub uploads, then exit saying how to push later (default: 3600).")
+    hardware = parser.add_argument_group("hardware")
+    hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
+    hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
+    hardware.add_argument("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
+    hardware.add_argument("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
+    hardware.add_argument("--multi_worker", action="store_true", help="MultiWorkerMirroredStrategy: every machine runs "
+                          "this command with its own TF_CONFIG; worker 0 (or the chief) writes. Implies --no_tpu.")
+    hardware.add_argument("--cpu_replicas", type=positive_int, default=1, help="With --no_tpu and no GPU: split the "
+                          "CPU into this many mirrored replicas, to rehearse a TPU's multi-replica path (default: 1).")
+    return parser.parse_args(argv)
 
 
 def check_args(args):
@@ -480,8 +488,16 @@ def check_args(args):
         raise UsageError(f"--mlm_probability {args.mlm_probability} must lie between 0 and 1 (0.15 is usual).")
     if not 0.0 <= args.warmup_ratio < 1.0:
         raise UsageError(f"--warmup_ratio {args.warmup_ratio} must lie in [0, 1).")
-    if args.learning_rate <= 0 or args.weight_decay_rate < 0:
-        raise UsageError("--learning_rate must be positive and --weight_decay_rate not negative.")
+    if args.learning_rate <= 0 or args.weight_decay_rate < 0 or args.max_grad_norm < 0:
+        raise UsageError("--learning_rate must be positive, --weight_decay_rate and --max_grad_norm not negative.")
+    if not (0.0 <= args.adam_beta1 < 1.0 and 0.0 <= args.adam_beta2 < 1.0 and args.adam_epsilon > 0):
+        raise UsageError(f"--adam_beta1 {args.adam_beta1} and --adam_beta2 {args.adam_beta2} must lie in [0, 1), "
+                         f"--adam_epsilon {args.adam_epsilon} above 0 (e.g. 0.9, 0.98, 1e-6).")
+    if not 0.0 < args.short_sequence_ratio < 1.0:
+        raise UsageError(f"--short_sequence_ratio {args.short_sequence_ratio} must lie between 0 and 1.")
+    if args.per_replica_batch_size % args.gradient_accumulation_steps:
+        raise UsageError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps} must divide "
+                         f"--per_replica_batch_size {args.per_replica_batch_size} into equal micro-batches.")
     args.no_tpu = args.no_tpu or args.multi_worker
     if args.cpu_replicas > 1 and args.multi_worker:
         raise UsageError(f"--cpu_replicas {args.cpu_replicas} splits one machine; it cannot be combined with "
@@ -521,28 +537,22 @@ def main(args):
         strategy, pipeline_dataset, train_manifest, eval_manifest, args.per_replica_batch_size
     )
     total_steps = args.max_steps or args.num_epochs * steps_per_epoch  # --max_steps may end mid-epoch
+    warmup = sequence_length_warmup(args, max_length, total_steps)
     global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
 
     tf_keras.utils.set_random_seed(args.seed)
-    if args.bfloat16:
-        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = build_config(args, tokenizer, max_length)
-    if not args.no_pytorch_export:
-        check_pytorch_export(config)
     chief = hosts.is_chief(strategy)  # the one process that writes; the other workers train in lockstep
 
     card = functools.partial(  # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         model_card.model_card, args, config, tokenizer, (train_manifest, eval_manifest), global_batch_size,
         (total_steps, steps_per_epoch))  # fmt: skip
-    pusher = None  # made before anything is written or built: a Hub that cannot be used should stop the run now
-    if args.hub_model_id and chief:
-        pusher = hub.HubPusher(args.hub_model_id, args.hub_private, args.output_dir, tokenizer,
-                               not args.no_pytorch_export, card, args.hub_push_timeout)
+    # Made before anything is written or built: a Hub that cannot be used should stop the run now.
+    pusher = hub.HubPusher(args.hub_model_id, args.hub_private, args.output_dir, tokenizer, not args.no_pytorch_export,
+                           card, args.hub_push_timeout) if args.hub_model_id and chief else None  # fmt: skip
     if chief:  # start afresh, or check that the checkpoints there are this run's (then training resumes)
-        settings = checkpoints.run_settings(
-            config, train_manifest, global_batch_size, total_steps, seed=args.seed, learning_rate=args.learning_rate,
-            mlm_probability=args.mlm_probability, shuffle_buffer_size=args.shuffle_buffer_size,
-            warmup_ratio=args.warmup_ratio, weight_decay_rate=args.weight_decay_rate)
+        settings = checkpoints.run_settings(config, train_manifest, global_batch_size, total_steps,
+                                            **{flag: getattr(args, flag) for flag in checkpoints.RUN_FLAGS})
         checkpoints.prepare_output_dir(args.output_dir, args.overwrite_output_dir, settings)
     hosts.wait_for_every_worker(strategy)  # nobody reads the checkpoints while the chief may still be clearing them
 
@@ -561,13 +571,14 @@ def main(args):
     tokens_per_step = global_batch_size * max_length
     try:
         logs = fit_exact_steps(
-            trainer, train_dataset_from, start_step, total_steps, steps_per_epoch,
+            trainer, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup,
             validation_data=eval_dataset, validation_steps=eval_steps or None,
-            callbacks=training_callbacks(args, chief, pusher, manager, total_steps, tokens_per_step),
+            callbacks=checkpoints.fit_callbacks(args.output_dir, args.save_steps, args.logging_steps, chief, pusher,
+                                                manager, total_steps, tokens_per_step),
             verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, one line per epoch in a log
         )  # fmt: skip
     except tf.errors.DataLossError as error:
-        raise corrupt_shard_error(error, train_manifest, eval_manifest, args.output_dir) from None
+        raise contract.corrupt_shard_error(error, (train_manifest, eval_manifest), args.output_dir) from None
     steps = int(trainer.optimizer.iterations.numpy())
     if not chief:
         tf.io.gfile.rmtree(manager.directory)
@@ -575,7 +586,7 @@ def main(args):
         return trainer, logs
     logs = logs or training_logs.last_logged_epoch(training_logs.training_log_path(args.output_dir))  # no step left
     final_card = card(trainer, {key: values[-1] for key, values in logs.items()})
-    publish(args, masked_lm, tokenizer, final_card)
+    model_folder.publish(args.output_dir, masked_lm, tokenizer, final_card, not args.no_pytorch_export)
     summary = training_logs.summary_line(steps, tokens_per_step, logs, (time.perf_counter() - started) / 60)
     print(summary + (f" (resumed at step {start_step})" if start_step else ""))
     if pusher is not None:

@@ -54,7 +54,8 @@ def main():
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
     flags = argparse.Namespace(
-        seed=0, shuffle_buffer_size=args.shuffle_buffer_size, mlm_probability=args.mlm_probability
+        seed=0, shuffle_buffer_size=args.shuffle_buffer_size, mlm_probability=args.mlm_probability,
+        whole_word_masking=False,
     )
     dataset = run_mlm.build_dataset(
         manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True

@@ -44,7 +44,8 @@ def train(head, args, tokenizer, manifest):
         seed=0, shuffle_buffer_size=10000, mlm_probability=0.15, mlm_head=head, jit_compile=False,
         learning_rate=args.learning_rate, warmup_ratio=0.05, weight_decay_rate=0.01, steps_per_execution=1,
         per_replica_batch_size=args.batch_size, bfloat16=False, pretrained_model_config=None,
-        trust_remote_code=False, tokenizer=args.tokenizer,
+        trust_remote_code=False, tokenizer=args.tokenizer, whole_word_masking=False, no_pytorch_export=True,
+        gradient_accumulation_steps=1, max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
         config_overrides=",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size"),
     )  # fmt: skip
     tf_keras.utils.set_random_seed(0)  # the same initial weights for both heads

@@ -13,6 +13,7 @@ own. Scripts import these modules; nothing here imports a script.
     split_folder    a split's folder while it is written: whose files are whose, clean-up, files written whole
     hosts           run_mlm.py on several hosts: which process writes, which shards each host reads
     checkpoints     run_mlm.py's output folder, checkpoints and resume
+    model_folder    run_mlm.py's finished model folder, written so that it never looks finished early
     training_logs   the accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG, the summary line
     pytorch_export  the PyTorch copy of a TF masked LM, written without torch, for transformers 5
     model_card      the README.md cards of the model and the tokenizer

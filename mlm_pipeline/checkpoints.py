@@ -24,6 +24,7 @@ from .contract import (
 )
 from .errors import UsageError, first_line
 from .storage import check_local_output_dir, is_remote, write_whole
+from . import training_logs
 from .training_logs import read_training_log, training_log_path, write_epoch_row
 
 # The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the checkpoints.
@@ -49,6 +50,13 @@ def check_output_dir(output_dir, overwrite_output_dir):
             f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
             "pass --overwrite_output_dir to replace it, or choose another folder."
         )
+
+
+# run_mlm.py's flags that shape the stream of batches and the optimizer: a checkpoint's step means something else
+# under other values. (--gradient_accumulation_steps may change: it gives the same steps in less memory.)
+RUN_FLAGS = ("seed", "learning_rate", "mlm_probability", "whole_word_masking", "shuffle_buffer_size", "warmup_ratio",
+             "weight_decay_rate", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "short_sequence_length",
+             "short_sequence_ratio")
 
 
 def run_settings(config, train_manifest, global_batch_size, total_steps, **flags):
@@ -218,20 +226,41 @@ def checkpoint_callback(manager, save_steps, training_log=None):
     return SaveCheckpoints()
 
 
-def fit_segments(start_step, total_steps, steps_per_epoch):
+def fit_segments(start_step, total_steps, steps_per_epoch, phase_end=0):
     """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch, epochs, steps).
 
     fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only stop it
     between executions, so a run that starts or ends mid-epoch (a resumed run, a --max_steps) would
-    overshoot. Instead a partial epoch gets a fit() call of its own and whole epochs share one.
+    overshoot. Instead a partial epoch gets a fit() call of its own and whole epochs share one. No call runs
+    across `phase_end` (the end of the sequence-length warmup), where the shape of the batches changes: the
+    epoch around it is fit in two calls, and each ends with an evaluation and a checkpoint.
     """
     segments, step = [], start_step
     while step < total_steps:
+        end = phase_end if step < phase_end < total_steps else total_steps
         epoch, offset = divmod(step, steps_per_epoch)
-        if offset == 0 and total_steps - step >= steps_per_epoch:
-            epochs = (total_steps - step) // steps_per_epoch
-            segments.append((step, epoch, epochs, steps_per_epoch))
+        if offset == 0 and end - step >= steps_per_epoch:
+            segments.append((step, epoch, (end - step) // steps_per_epoch, steps_per_epoch))
         else:
-            segments.append((step, epoch, 1, min(steps_per_epoch - offset, total_steps - step)))
+            segments.append((step, epoch, 1, min(steps_per_epoch - offset, end - step)))
         step += segments[-1][2] * segments[-1][3]
     return segments
+
+
+def fit_callbacks(output_dir, save_steps, logging_steps, chief, pusher, manager, total_steps, tokens_per_step):
+    """What run_mlm.py's fit() does besides the steps, through Keras callbacks.
+
+    A checkpoint every `save_steps` optimizer steps and at every epoch end (<output_dir>/checkpoints): the
+    weights, the optimizer's moments and its step count, which is also the position of the learning-rate
+    schedule and of the data stream, so a rerun of the same command resumes exactly there. TensorBoard
+    scalars (<output_dir>/logs): every `logging_steps` steps the training loss and accuracies over those steps,
+    the learning rate and tokens per second; after each epoch the evaluation figures and perplexity. On the
+    chief alone: each epoch as a row of training_log.csv, written once the epoch's checkpoint is saved, and a
+    Hub snapshot pushed in the background by `pusher` (hub.HubPusher, or None).
+    """
+    callbacks = [training_logs.epoch_summary_callback()] if chief else []  # first: it completes the epoch's logs
+    if pusher is not None:
+        callbacks.append(pusher.epoch_end_callback(total_steps))
+    callbacks.append(training_logs.tensorboard_callback(output_dir, logging_steps, tokens_per_step, chief))
+    training_log = training_log_path(output_dir) if chief else None
+    return callbacks + [checkpoint_callback(manager, save_steps, training_log)]

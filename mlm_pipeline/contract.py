@@ -218,3 +218,12 @@ def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_na
     for flag, manifest in manifests.items():
         check_shards(manifest, flag, len(tokenizer))
     return train, evaluation
+
+
+def corrupt_shard_error(error, manifests, output_dir):
+    """A shard that training found corrupt (TF's DataLossError), as a UsageError that names it: TF's does not."""
+    corrupt = find_corrupt_shard([name for manifest in manifests if manifest for name in manifest["files"]])
+    return UsageError(
+        f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun prepare_tfrecord_shards.py, "
+        f"then run_mlm.py's command again: it resumes from the newest checkpoint in {output_dir}."
+    )

@@ -81,14 +81,27 @@ def wait_for_every_worker(strategy):
         tf.function(strategy.run)(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0)))
 
 
+def logical_cpus(count):
+    """The CPU split into `count` logical devices (run_mlm.py's --cpu_replicas); their names."""
+    import tensorflow as tf
+
+    try:
+        replicas = [tf.config.LogicalDeviceConfiguration()] * count
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], replicas)
+    except RuntimeError:
+        raise UsageError(f"--cpu_replicas {count} must take effect before TensorFlow starts; call run_mlm.py in a "
+                         "fresh process.") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]
+
+
 def distribute(strategy, pipeline_dataset, train_manifest, eval_manifest, per_replica_batch_size):
     """The datasets of every host: each input pipeline reads shard files of its own and batches for the
     replicas of its host, through `strategy.distribute_datasets_from_function`.
 
     `pipeline_dataset(files=, batch_size=, training=, batches_per_epoch=, pipeline=, start_epoch=, start_batch=)`
     builds one pipeline's dataset (run_mlm.py's build_dataset). Returns the steps of an epoch,
-    `train_dataset_from(step)` (the training stream from that optimizer step on), the evaluation dataset and
-    its steps (None and 0 without evaluation shards).
+    `train_dataset_from(step, **options)` (the training stream from that optimizer step on; `options` go to
+    `pipeline_dataset` unchanged), the evaluation dataset and its steps (None and 0 without evaluation shards).
     """
     replicas = strategy.num_replicas_in_sync
     global_batch_size = per_replica_batch_size * replicas
@@ -107,7 +120,7 @@ def distribute(strategy, pipeline_dataset, train_manifest, eval_manifest, per_re
                 "or add data."
             )
 
-    def datasets(split, training, start_epoch=0, steps_into_epoch=0):
+    def datasets(split, training, start_epoch=0, steps_into_epoch=0, **options):
         files, steps = plans[split]
         per_pipeline = replicas // pipelines  # each pipeline yields one batch per replica of its host per step
         return strategy.distribute_datasets_from_function(
@@ -119,11 +132,12 @@ def distribute(strategy, pipeline_dataset, train_manifest, eval_manifest, per_re
                 pipeline=context.input_pipeline_id,
                 start_epoch=start_epoch,
                 start_batch=steps_into_epoch * per_pipeline,
+                **options,
             )
         )
 
-    def train_dataset_from(step):
-        return datasets("train", True, *divmod(step, plans["train"][1]))
+    def train_dataset_from(step, **options):
+        return datasets("train", True, *divmod(step, plans["train"][1]), **options)
 
     evaluation = (datasets("eval", False), plans["eval"][1]) if "eval" in plans else (None, 0)
     return plans["train"][1], train_dataset_from, *evaluation

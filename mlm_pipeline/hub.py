@@ -14,7 +14,7 @@ import time
 
 from .contract import CURVES_NAME, MODEL_CARD_NAME
 from .errors import UsageError, first_line
-from .pytorch_export import write_pytorch_copy
+from .model_folder import write_model_files
 from .storage import is_remote
 
 # Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's default). A
@@ -129,12 +129,8 @@ class HubPusher:
         return self.upload is not None and self.upload.is_alive()
 
     def write_snapshot(self, folder, trainer, card_text):
-        """What a push publishes: the model, its tokenizer and the card, as run_mlm.py's save() lays them out."""
-
-        trainer.masked_lm.save_pretrained(folder)
-        if self.pytorch_copy:  # what transformers 5 users on the Hub load
-            write_pytorch_copy(trainer.masked_lm, self.tokenizer, folder)
-        self.tokenizer.save_pretrained(folder)
+        """What a push publishes: the model, its tokenizer and the card, laid out as model_folder.save() does."""
+        write_model_files(folder, trainer.masked_lm, self.tokenizer, self.pytorch_copy)
         with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
             file.write(card_text)
 

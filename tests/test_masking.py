@@ -144,7 +144,7 @@ def test_same_seed_same_masks_and_different_seed_different_masks(batch):
 
 
 def dataset_args(**overrides):
-    values = {"seed": 42, "shuffle_buffer_size": 1, "mlm_probability": 0.15}
+    values = {"seed": 42, "shuffle_buffer_size": 1, "mlm_probability": 0.15, "whole_word_masking": False}
     values.update(overrides)
     return argparse.Namespace(**values)
 

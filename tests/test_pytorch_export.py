@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import run_mlm
+from mlm_pipeline import model_folder
 from conftest import REPO, TINY_MODEL, subprocess_env
 from mlm_pipeline import contract
 
@@ -214,14 +215,14 @@ def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monk
 
     real_replace = run_mlm.os.replace
     monkeypatch.setattr(run_mlm.os, "replace", replace)
-    run_mlm.save(masked_lm, tokenizer, str(tmp_path / "with"))
+    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert contract.PYTORCH_DIR in published and published[-1] == "config.json"
     copy = tmp_path / "with" / contract.PYTORCH_DIR
     assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {path.name for path in copy.iterdir()}
-    run_mlm.save(masked_lm, tokenizer, str(tmp_path / "with"))  # replacing a saved model replaces its copy too
+    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))  # replacing a saved model replaces its copy too
     assert copy.is_dir()
     published.clear()
-    run_mlm.save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
+    model_folder.save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
     assert contract.PYTORCH_DIR not in published and published[-1] == "config.json"
     assert not (tmp_path / "without" / contract.PYTORCH_DIR).exists()
 
@@ -237,7 +238,7 @@ def test_export_refuses_a_pad_id_other_than_1(tokenizer, tmp_path):
     masked_lm(masked_lm.dummy_inputs)
     output_dir = tmp_path / "model"
     with pytest.raises(run_mlm.UsageError, match="pad_token_id is 2.*--no_pytorch_export"):
-        run_mlm.save(masked_lm, tokenizer, str(output_dir))
+        model_folder.save(masked_lm, tokenizer, str(output_dir))
     assert list(output_dir.iterdir()) == []  # not even the TF weights: the staging folder is gone
 
 

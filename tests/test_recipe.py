@@ -1,0 +1,313 @@
+"""The training recipe's parts: whole-word masking, the sequence-length warmup, gradient accumulation, and
+the optimizer flags (clipping, Adam's betas and epsilon)."""
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+import run_mlm
+from conftest import MAX_LENGTH, REPO, TINY_MODEL, subprocess_env
+from mlm_pipeline import checkpoints, contract
+from test_masking import MASK_ID, SPECIAL_IDS, VOCAB, dataset_args, dense_labels, random_batch, within_binomial
+from test_resume import latest_checkpoint_step, load_weights, training_args
+
+NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
+
+# ---------------------------------------------------------------------------------------------------------
+# Whole-word masking
+
+
+def vocabulary_with_words(seed):
+    """word_starts for the ids of test_masking's random batches: about 60% of the ordinary pieces begin a word."""
+    rng = np.random.default_rng(seed)
+    starts = rng.random(VOCAB) < 0.6
+    starts[SPECIAL_IDS] = True
+    return starts
+
+
+def words_of(row, starts):
+    """Each position's word number, as the masking defines words: a word-start piece and the pieces after it
+    that continue it; special tokens, the piece after one, and the first piece always begin a word."""
+    special = np.isin(row, SPECIAL_IDS)
+    begins = starts[row] | special | np.concatenate([[True], special[:-1]])
+    return np.cumsum(begins) - 1
+
+
+def mask_whole_words(input_ids, starts, seed=(1, 2), mlm_probability=0.15, jit_compile=False):
+    import tensorflow as tf
+
+    function = tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
+    masked, positions, labels = function(
+        tf.constant(input_ids), tf.constant(seed, dtype=tf.int64), mlm_probability,
+        tf.constant(MASK_ID, dtype=tf.int32), tf.constant(SPECIAL_IDS, dtype=tf.int32),
+        tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32), tf.constant(starts),
+    )  # fmt: skip
+    return masked.numpy(), positions.numpy(), labels.numpy()
+
+
+@pytest.mark.parametrize("mlm_probability", [0.15, 0.4])
+def test_whole_words_are_chosen_whole_and_within_the_budget(mlm_probability):
+    starts = vocabulary_with_words(seed=0)
+    batch = random_batch(seed=3)
+    masked, positions, labels = mask_whole_words(batch, starts, mlm_probability=mlm_probability)
+    chosen = dense_labels(batch.shape, positions, labels) != -100
+    budget = np.round(mlm_probability * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))
+    assert (chosen.sum(axis=1) <= budget).all()
+    assert chosen.sum() >= 0.85 * budget.sum()  # words fill the budget but for the last one that did not fit
+    assert not chosen[np.isin(batch, SPECIAL_IDS)].any()
+    multi_piece_words_chosen = 0
+    for row, row_chosen in zip(batch, chosen):
+        words = words_of(row, starts)
+        ordinary = ~np.isin(row, SPECIAL_IDS)
+        for word in np.unique(words[row_chosen]):
+            members = (words == word) & ordinary
+            assert row_chosen[members].all(), "a word was chosen in part"
+            multi_piece_words_chosen += members.sum() > 1
+    assert multi_piece_words_chosen > 1000  # the check above had pieces to split
+
+
+def test_whole_word_masking_keeps_the_80_10_10_rule_per_piece():
+    starts = vocabulary_with_words(seed=1)
+    counts = np.zeros(3, dtype=int)
+    for seed in range(4):  # many batches, each with its own masks
+        batch = random_batch(seed=10 + seed)
+        masked, positions, labels = mask_whole_words(batch, starts, seed=(seed, 7))
+        chosen = dense_labels(batch.shape, positions, labels) != -100
+        counts += [(chosen & (masked == MASK_ID)).sum(), (chosen & (masked == batch)).sum(),
+                   (chosen & (masked != MASK_ID) & (masked != batch)).sum()]  # fmt: skip
+    trials, replacements = counts.sum(), VOCAB - len(SPECIAL_IDS)
+    assert within_binomial(counts[0], trials, 0.8)
+    assert within_binomial(counts[1], trials, 0.1 + 0.1 / replacements)
+    assert within_binomial(counts[2], trials, 0.1 * (1 - 1 / replacements))
+
+
+def test_whole_word_masking_compiles_with_xla_and_is_stateless():
+    starts = vocabulary_with_words(seed=2)
+    batch = random_batch(seed=5, shape=(64, 128))
+    compiled = mask_whole_words(batch, starts, jit_compile=True)
+    # XLA may draw other random numbers than TF's own kernels, but as deterministically, and with the same rules.
+    for first, again in zip(compiled, mask_whole_words(batch, starts, jit_compile=True)):
+        np.testing.assert_array_equal(first, again)
+    masked, positions, labels = compiled
+    chosen = dense_labels(batch.shape, positions, labels) != -100
+    assert (chosen.sum(axis=1) <= np.round(0.15 * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))).all()
+    for row, row_chosen in zip(batch, chosen):
+        words, ordinary = words_of(row, starts), ~np.isin(row, SPECIAL_IDS)
+        assert all(row_chosen[(words == word) & ordinary].all() for word in np.unique(words[row_chosen]))
+    assert chosen.sum() > 0 and not np.array_equal(positions, mask_whole_words(batch, starts, seed=(9, 9))[1])
+
+
+def shard_files(split_dir, read_manifest):
+    return [str(split_dir / shard["file"]) for shard in read_manifest(split_dir)["shards"]]
+
+
+class Vocabulary:
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.pieces[i] for i in ids]
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected"),
+    [
+        (["<s>", "▁the", "ing", "▁cat", ",", "▁"], [False, True, False, True, False, True]),  # SentencePiece
+        (["[CLS]", "the", "##ing", "cat", "##s", ","], [True, True, False, True, False, True]),  # WordPiece
+        (["<s>", "Ġthe", "ing", "Ġcat", ",", "Ġ"], [False, True, False, True, False, True]),  # byte-level BPE
+    ],
+)
+def test_word_starts_are_read_from_the_vocabulary_markers(pieces, expected):
+    assert run_mlm.word_start_table(Vocabulary(pieces)) == expected
+
+
+def test_word_starts_of_this_projects_tokenizer(tokenizer):
+    starts = run_mlm.word_start_table(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    assert starts == [piece.startswith("▁") for piece in pieces]
+    assert 0.3 < np.mean(starts) < 1.0  # both kinds exist in a real vocabulary
+
+
+def test_evaluation_masks_stay_token_masks_with_whole_word_masking(shards_dir, read_manifest, tokenizer):
+    files = shard_files(shards_dir / "validation", read_manifest)
+    datasets = [run_mlm.build_dataset(files, tokenizer, dataset_args(whole_word_masking=flag), MAX_LENGTH, 8,
+                                      training=training) for flag in (False, True) for training in (False, True)]
+    (eval_plain, train_plain), (eval_words, train_words) = datasets[:2], datasets[2:]
+    first = [next(iter(dataset))[1].numpy() for dataset in (eval_plain, eval_words, train_plain, train_words)]
+    np.testing.assert_array_equal(first[0], first[1])  # evaluation: the same token masks, so runs compare
+    assert not np.array_equal(first[2], first[3])  # training: whole words
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sequence-length warmup
+
+
+def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(shards_dir, read_manifest, tokenizer):
+    files = shard_files(shards_dir / "train", read_manifest)
+    args = dataset_args()
+    whole = run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True)
+    cut = run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True, pieces=4)
+    features, labels = next(iter(cut))
+    short = MAX_LENGTH // 4
+    assert features["input_ids"].shape == (32, short)
+    assert labels.shape == features["masked_positions"].shape == (32, run_mlm.max_predictions(short, 0.15))
+
+    def originals(features, labels):
+        masked = features["input_ids"].numpy()
+        dense = dense_labels(masked.shape, features["masked_positions"].numpy(), labels.numpy())
+        return np.where(dense != -100, dense, masked), dense != -100
+
+    whole_ids, _ = originals(*next(iter(whole)))
+    cut_ids, chosen = originals(features, labels)
+    np.testing.assert_array_equal(cut_ids.reshape(8, MAX_LENGTH), whole_ids)  # the same records, in pieces
+    special = np.isin(cut_ids, tokenizer.all_special_ids)
+    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(0.15 * (~special).sum(axis=1)))  # per piece
+
+
+@pytest.mark.parametrize(
+    ("start", "total", "per_epoch", "phase_end", "expected"),
+    [
+        (0, 30, 10, 15, [(0, 0, 1, 10), (10, 1, 1, 5), (15, 1, 1, 5), (20, 2, 1, 10)]),
+        (0, 30, 10, 20, [(0, 0, 2, 10), (20, 2, 1, 10)]),
+        (17, 30, 10, 15, [(17, 1, 1, 3), (20, 2, 1, 10)]),
+        (3, 30, 10, 5, [(3, 0, 1, 2), (5, 0, 1, 5), (10, 1, 2, 10)]),
+    ],
+)
+def test_fit_segments_end_at_the_warmup_phase_end(start, total, per_epoch, phase_end, expected):
+    segments = checkpoints.fit_segments(start, total, per_epoch, phase_end=phase_end)
+    assert segments == expected
+    for first_step, _, epochs, steps in segments:  # no fit() call runs across the phase end
+        assert not first_step < phase_end < first_step + epochs * steps
+
+
+def warmup_args(shards_dir, tokenizer_dir, output_dir, total, *extra):
+    return training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", total, "--short_sequence_length",
+                         MAX_LENGTH // 4, "--short_sequence_ratio", 0.5, *extra)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_warmup(shards_dir, tokenizer_dir, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("warmup-uninterrupted")
+    total = 24  # 12 steps on pieces of 8 tokens, 12 at 32; checkpoints every 5 steps
+    trainer, logs = run_mlm.main(run_mlm.parse_args(warmup_args(shards_dir, tokenizer_dir, output_dir, total)))
+    return output_dir, total, logs
+
+
+@pytest.mark.parametrize("phase", ["short", "full"])
+def test_warmup_survives_a_kill_in_either_phase(phase, uninterrupted_warmup, shards_dir, tokenizer_dir, tmp_path):
+    straight, total, _ = uninterrupted_warmup
+    short_steps = total // 2
+    kill_at = 5 if phase == "short" else 15  # the first checkpoint inside the phase
+    command = [sys.executable, str(REPO / "run_mlm.py"), *warmup_args(shards_dir, tokenizer_dir, tmp_path, total)]
+    process = subprocess.Popen(command, cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while (latest_checkpoint_step(tmp_path) or 0) < kill_at:
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"no checkpoint of step {kill_at} within 300 s"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    saved = latest_checkpoint_step(tmp_path)
+    assert (saved < short_steps) == (phase == "short") and saved < total
+
+    rerun = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"at step {saved} of {total}." in rerun.stdout and f"Finished: {total:,} steps" in rerun.stdout
+    for resumed, uninterrupted in zip(load_weights(tmp_path), load_weights(straight)):
+        np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-4, atol=1e-6)
+
+
+def test_warmup_evaluates_at_full_length_at_the_switch_and_the_end(uninterrupted_warmup):
+    output_dir, total, logs = uninterrupted_warmup
+    assert logs["step"][-1] == total and total // 2 in logs["step"]  # an evaluation closes the short phase
+    assert all(np.isfinite(logs["val_loss"]))
+    log = (output_dir / contract.TRAINING_LOG_NAME).read_text().splitlines()
+    assert len({row.split(",")[0] for row in log[1:]}) == len(log) - 1  # each epoch once in the CSV
+
+
+def test_warmup_and_accumulation_on_two_cpu_replicas(run_script, shards_dir, tokenizer_dir, tmp_path):
+    results = {}
+    for steps in (1, 2):
+        output_dir = tmp_path / f"accumulate-{steps}"
+        result = run_script("run_mlm.py", *warmup_args(shards_dir, tokenizer_dir, output_dir, 6, "--cpu_replicas", 2,
+                                                       "--gradient_accumulation_steps", steps, "--no_pytorch_export"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert re.search(r"on 2 replica\(s\) of MirroredStrategy: 6 steps", result.stdout), result.stdout
+        assert "Finished: 6 steps" in result.stdout
+        results[steps] = load_weights(output_dir)
+    # N x (B/N) on each of two replicas: the same optimizer steps as B, through both phases.
+    for accumulated, whole in zip(results[2], results[1]):
+        np.testing.assert_allclose(accumulated, whole, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gradient accumulation and the optimizer flags
+
+
+def train_steps(shards_dir, tokenizer_dir, output_dir, *extra):
+    # adam_epsilon 1: Adam's first steps then scale with the gradient, so a wrongly scaled sum would show.
+    argv = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2, "--per_replica_batch_size", 8,
+                         "--learning_rate", 0.05, "--warmup_ratio", 0, "--adam_epsilon", 1, "--no_pytorch_export",
+                         *extra)  # fmt: skip
+    trainer, logs = run_mlm.main(run_mlm.parse_args(argv))
+    return [weight.numpy() for weight in trainer.masked_lm.weights], logs
+
+
+@pytest.fixture(scope="module")
+def one_batch_of_eight(shards_dir, tokenizer_dir, tmp_path_factory):
+    return train_steps(shards_dir, tokenizer_dir, tmp_path_factory.mktemp("batch-of-8"))
+
+
+@pytest.mark.parametrize(("accumulation", "jit_compile"), [(2, False), (4, False), (4, True)])
+def test_accumulated_micro_batches_give_the_step_of_one_batch(
+    accumulation, jit_compile, one_batch_of_eight, shards_dir, tokenizer_dir, tmp_path
+):
+    extra = ["--gradient_accumulation_steps", accumulation] + (["--jit_compile"] if jit_compile else [])
+    weights, logs = train_steps(shards_dir, tokenizer_dir, tmp_path, *extra)
+    whole_weights, whole_logs = one_batch_of_eight
+    np.testing.assert_allclose(logs["loss"], whole_logs["loss"], rtol=1e-5)
+    moved = 0
+    for accumulated, whole, initial in zip(weights, whole_weights, initial_weights(shards_dir, tokenizer_dir)):
+        np.testing.assert_allclose(accumulated - initial, whole - initial, rtol=1e-3, atol=1e-7)
+        moved += np.abs(whole - initial).max() > 1e-6
+    assert moved > len(weights) // 2
+
+
+def initial_weights(shards_dir, tokenizer_dir):
+    """The model's weights before the first step, as every run with --seed 0 starts (same config)."""
+    import tf_keras
+    from transformers import TFAutoModelForMaskedLM
+
+    tokenizer = contract.load_tokenizer(str(tokenizer_dir), "--tokenizer", require_mlm_tokens=True)
+    args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
+    tf_keras.utils.set_random_seed(0)
+    masked_lm = TFAutoModelForMaskedLM.from_config(run_mlm.build_config(args, tokenizer, MAX_LENGTH))
+    masked_lm(masked_lm.dummy_inputs)
+    return [weight.numpy() for weight in masked_lm.weights]
+
+
+def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(shards_dir, tokenizer_dir, tmp_path):
+    flags = ["--max_grad_norm", 1e-6, "--adam_beta1", 0.8, "--adam_beta2", 0.98]
+    argv = training_args(shards_dir, tokenizer_dir, tmp_path / "clipped", "--max_steps", 1, "--learning_rate", 0.05,
+                         "--warmup_ratio", 0, "--adam_epsilon", 1, "--no_pytorch_export", *flags)  # fmt: skip
+    trainer, _ = run_mlm.main(run_mlm.parse_args(argv))
+    optimizer = trainer.optimizer
+    settings = [optimizer.global_clipnorm, optimizer.beta_1, optimizer.beta_2, optimizer.epsilon]
+    np.testing.assert_allclose([float(value) for value in settings], [1e-6, 0.8, 0.98, 1.0], rtol=1e-6)
+    initial = initial_weights(shards_dir, tokenizer_dir)
+    # With epsilon 1, the first Adam step moves each weight by about lr x (1 - beta1) x its gradient: a global
+    # norm clipped to 1e-6 moves nothing by more than lr x 1e-6 (decay aside: lr x 0.01 x |weight|).
+    for weight, start in zip(trainer.masked_lm.weights, initial):
+        moved = np.abs(weight.numpy() - start)
+        assert (moved <= 0.05 * (1e-6 + 0.01 * np.abs(start)) + 1e-9).all(), weight.name
