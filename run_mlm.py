@@ -129,9 +129,7 @@ def mask_tokens(input_ids, seed, mlm_probability, mask_token_id, special_ids, re
     action = tf.random.stateless_uniform(shape, action_seed)
     to_mask = chosen & (action < 0.8)
     to_random = chosen & (action >= 0.8) & (action < 0.9)
-    random_index = tf.random.stateless_uniform(
-        shape, random_seed, maxval=tf.shape(replacement_ids, out_type=tf.int32)[0], dtype=tf.int32
-    )
+    random_index = tf.random.stateless_uniform(shape, random_seed, maxval=tf.size(replacement_ids), dtype=tf.int32)
     random_tokens = tf.gather(replacement_ids, random_index)
     masked_ids = tf.where(to_mask, mask_token_id, tf.where(to_random, random_tokens, input_ids))
     return masked_ids, positions, labels
@@ -388,7 +386,10 @@ def sequence_length_warmup(args, max_length, total_steps):
     if short >= max_length or max_length % short:
         raise UsageError(f"--short_sequence_length {short} must divide the shards' length {max_length} into "
                          f"pieces (e.g. {max_length // 4}); or drop it to train at full length throughout.")
-    return round(args.short_sequence_ratio * total_steps), max_length // short
+    short_steps, pieces = round(args.short_sequence_ratio * total_steps), max_length // short
+    print(f"Sequence-length warmup: steps 1-{short_steps:,} on {pieces} pieces of {short} tokens a sequence, the rest "
+          f"at {max_length}.")
+    return short_steps, pieces
 
 
 def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup=(0, 1),

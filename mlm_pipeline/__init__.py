@@ -12,7 +12,7 @@ own. Scripts import these modules; nothing here imports a script.
     shard_workers   prepare_tfrecord_shards.py on several machines: worker flags, parts, the manifest, --merge
     split_folder    a split's folder while it is written: whose files are whose, clean-up, files written whole
     hosts           run_mlm.py on several hosts: which process writes, which shards each host reads
-    checkpoints     run_mlm.py's output folder, checkpoints and resume
+    checkpoints     run_mlm.py's output folder, checkpoints and resume, the fit() segments and callbacks
     model_folder    run_mlm.py's finished model folder, written so that it never looks finished early
     training_logs   the accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG, the summary line
     pytorch_export  the PyTorch copy of a TF masked LM, written without torch, for transformers 5

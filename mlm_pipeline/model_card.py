@@ -77,6 +77,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
     warmup_steps = int(args.warmup_ratio * total_steps)
+    clipping = f"gradients clipped to global norm {args.max_grad_norm:g}" if args.max_grad_norm else "no clipping"
     name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
     where = args.hub_model_id or public_name(args.output_dir)
     mask = tokenizer.mask_token
@@ -164,11 +165,18 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         f"| batch | {global_batch_size} sequences of {max_length} tokens ({args.per_replica_batch_size} per replica, "
         f"{global_batch_size // args.per_replica_batch_size} replica(s)) |",
         f"| steps | {total_steps:,} = {total_steps / steps_per_epoch:.2f} epochs of {steps_per_epoch:,} steps |",
-        f"| optimizer | AdamW, weight decay {args.weight_decay_rate} (not on biases and layer norms) |",
+        *([f"| sequence-length warmup | the first {args.short_sequence_ratio:g} of the steps on each sequence cut into "
+           f"pieces of {args.short_sequence_length} tokens, as many tokens a step |"] if args.short_sequence_length
+          else []),
+        *([f"| gradient accumulation | {args.gradient_accumulation_steps} micro-batches a step |"]
+          if args.gradient_accumulation_steps > 1 else []),
+        f"| optimizer | AdamW (β1 {args.adam_beta1:g}, β2 {args.adam_beta2:g}, ε {args.adam_epsilon:g}), weight decay "
+        f"{args.weight_decay_rate} (not on biases and layer norms), {clipping} |",
         f"| learning rate | peak {args.learning_rate:g}, linear warmup over {warmup_steps:,} steps "
         f"({args.warmup_ratio:g} of them), then linear decay to 0 |",
-        f"| masking | {args.mlm_probability:.0%} of the non-special tokens of each sequence: 80% become "
-        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch |",
+        f"| masking | {args.mlm_probability:.0%} of the non-special tokens of each sequence"
+        f"{', chosen as whole words' if args.whole_word_masking else ''}: 80% become `{mask}`, 10% a random token, "
+        "10% stay; new masks every epoch |",
         f"| loss | cross-entropy at the masked positions ({args.mlm_head} LM head) |",
         f"| precision | {'mixed bfloat16' if args.bfloat16 else 'float32'} |",
         f"| seed | {args.seed} |",

@@ -226,31 +226,6 @@ def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
 
 
-def test_mirrored_strategy_over_two_cpu_replicas(run_script, shards_dir, tokenizer_dir, tiny_model, tmp_path):
-    # Logical CPU devices can only be set up before TensorFlow starts, hence a fresh process.
-    per_replica, steps = 4, 3
-    result = run_script(
-        "run_mlm.py",
-        "--no_tpu", "--cpu_replicas", 2,
-        "--train_dataset", shards_dir / "train",
-        "--eval_dataset", shards_dir / "validation",
-        "--tokenizer", tokenizer_dir,
-        "--output_dir", tmp_path,
-        "--config_overrides", tiny_model,
-        "--per_replica_batch_size", per_replica,
-        "--max_steps", steps,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    summary = (rf"on 2 replica\(s\) of MirroredStrategy: {steps} steps = 0\.\d\d epochs of \d+ steps, batches of "
-               rf"{2 * per_replica} x {MAX_LENGTH} tokens")
-    assert re.search(summary, result.stdout), result.stdout
-    assert f"Finished: {steps:,} steps" in result.stdout
-    assert "val_perplexity" in result.stdout
-    assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
-    assert (tmp_path / "tokenizer.json").is_file()
-
-
 def test_sparse_head_trains_the_same_model_as_full_logits(shards_dir, tokenizer_dir, tiny_model, tmp_path):
     """Scoring only the masked positions changes the cost, not the maths: same losses, same weights."""
     common = ["--config_overrides", tiny_model, "--per_replica_batch_size", BATCH_SIZE, "--max_steps", 6]
