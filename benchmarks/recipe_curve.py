@@ -40,7 +40,8 @@ def curve_callback(eval_every, total_steps, tokens_per_step, evaluation, points)
                 return
             self.started, self.evaluating = time.perf_counter(), 0.0
             # A scorer of its own, sharing the weights: the trainer's metrics keep their running sums.
-            self.scorer = run_mlm.masked_lm_trainer(self.model.masked_lm, "sparse", self.model.masked_lm.config.mask_token_id)
+            masked_lm = self.model.masked_lm
+            self.scorer = run_mlm.masked_lm_trainer(masked_lm, "sparse", masked_lm.config.mask_token_id)
             self.scorer.compile()
 
         def on_train_batch_end(self, batch, logs=None):
