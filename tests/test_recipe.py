@@ -39,6 +39,22 @@ def words_of(row, starts):
     return np.cumsum(begins) - 1
 
 
+def check_whole_words(batch, starts, chosen, mlm_probability):
+    """Assert that `chosen` [batch, length] takes whole words only, no special token, within each row's budget;
+    return how many words of several pieces it took (the whole-word check had pieces to split)."""
+    budget = np.round(mlm_probability * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))
+    assert (chosen.sum(axis=1) <= budget).all()
+    assert not chosen[np.isin(batch, SPECIAL_IDS)].any()
+    multi_piece_words = 0
+    for row, row_chosen in zip(batch, chosen):
+        words, ordinary = words_of(row, starts), ~np.isin(row, SPECIAL_IDS)
+        for word in np.unique(words[row_chosen]):
+            members = (words == word) & ordinary
+            assert row_chosen[members].all(), "a word was chosen in part"
+            multi_piece_words += members.sum() > 1
+    return multi_piece_words
+
+
 def mask_whole_words(input_ids, starts, seed=(1, 2), mlm_probability=0.15, jit_compile=False):
     import tensorflow as tf
 
@@ -57,19 +73,9 @@ def test_whole_words_are_chosen_whole_and_within_the_budget(mlm_probability):
     batch = random_batch(seed=3)
     masked, positions, labels = mask_whole_words(batch, starts, mlm_probability=mlm_probability)
     chosen = dense_labels(batch.shape, positions, labels) != -100
+    assert check_whole_words(batch, starts, chosen, mlm_probability) > 1000
     budget = np.round(mlm_probability * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))
-    assert (chosen.sum(axis=1) <= budget).all()
     assert chosen.sum() >= 0.85 * budget.sum()  # words fill the budget but for the last one that did not fit
-    assert not chosen[np.isin(batch, SPECIAL_IDS)].any()
-    multi_piece_words_chosen = 0
-    for row, row_chosen in zip(batch, chosen):
-        words = words_of(row, starts)
-        ordinary = ~np.isin(row, SPECIAL_IDS)
-        for word in np.unique(words[row_chosen]):
-            members = (words == word) & ordinary
-            assert row_chosen[members].all(), "a word was chosen in part"
-            multi_piece_words_chosen += members.sum() > 1
-    assert multi_piece_words_chosen > 1000  # the check above had pieces to split
 
 
 def test_whole_word_masking_keeps_the_80_10_10_rule_per_piece():
@@ -96,11 +102,8 @@ def test_whole_word_masking_compiles_with_xla_and_is_stateless():
         np.testing.assert_array_equal(first, again)
     masked, positions, labels = compiled
     chosen = dense_labels(batch.shape, positions, labels) != -100
-    assert (chosen.sum(axis=1) <= np.round(0.15 * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))).all()
-    for row, row_chosen in zip(batch, chosen):
-        words, ordinary = words_of(row, starts), ~np.isin(row, SPECIAL_IDS)
-        assert all(row_chosen[(words == word) & ordinary].all() for word in np.unique(words[row_chosen]))
-    assert chosen.sum() > 0 and not np.array_equal(positions, mask_whole_words(batch, starts, seed=(9, 9))[1])
+    assert check_whole_words(batch, starts, chosen, 0.15) > 0
+    assert not np.array_equal(positions, mask_whole_words(batch, starts, seed=(9, 9))[1])
 
 
 def shard_files(split_dir, read_manifest):
