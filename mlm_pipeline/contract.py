@@ -13,6 +13,7 @@ The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take e
 
 import json
 import os
+import tempfile
 
 from .errors import UsageError, first_line, tf_error_text
 
@@ -26,7 +27,6 @@ FEATURE_NAME = "input_ids"  # the one feature of every record: int64 x max_lengt
 MANIFEST_NAME = "manifest.json"  # written last: a split's folder without it is unfinished
 # What a reader needs; each entry of "shards" holds "file", "records" and "bytes".
 MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
-PART_MANIFEST_PATTERN = "manifest-*-of-*.json"  # worker i of N writes manifest-<i>-of-<N>.json until --merge
 
 
 def split_dir(output_dir, split):
@@ -41,10 +41,6 @@ def shard_name(split, block, shard, records):
 
 def temporary_shard_name(split, block, shard):
     return f".{split}-{block:05d}-{shard:05d}.tfrecord.tmp"
-
-
-def part_name(worker_index, num_workers):
-    return f"manifest-{worker_index:05d}-of-{num_workers:05d}.json"
 
 
 def record_features(max_length):
@@ -74,6 +70,10 @@ def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=Fal
     which masked-LM training needs.
     """
     hint = "pass the --output_dir of train_unigram.py or a Hub id"
+    if name_or_path.startswith("gs://"):  # transformers reads local folders and the Hub: copy it here first
+        with tempfile.TemporaryDirectory() as local_copy:
+            copy_folder_files(name_or_path, local_copy)
+            return load_tokenizer(local_copy, flag, trust_remote_code, require_fast, require_mlm_tokens)
     if os.path.isdir(name_or_path):
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
             raise UsageError(
@@ -99,6 +99,15 @@ def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=Fal
     return tokenizer
 
 
+def copy_folder_files(folder, destination):
+    """Copy the files of a gs:// folder (not its subfolders) into a local folder."""
+    import tensorflow as tf
+
+    for name in tf.io.gfile.listdir(folder):
+        if not name.endswith("/"):
+            tf.io.gfile.copy(f"{folder.rstrip('/')}/{name}", os.path.join(destination, name), overwrite=True)
+
+
 def read_manifest(folder, flag):
     """A finished split's manifest, with "files": the full path of every shard it lists, each checked present."""
     import tensorflow as tf
@@ -111,8 +120,6 @@ def read_manifest(folder, flag):
         splits = [s for s in SPLITS if tf.io.gfile.exists(f"{folder}/{s}/{MANIFEST_NAME}")]
         hint = f" (did you mean {folder}/{splits[0]}?)" if splits else ""
         todo = "run prepare_tfrecord_shards.py to completion first"
-        if tf.io.gfile.glob(f"{folder}/{PART_MANIFEST_PATTERN}"):  # parts of several workers, not yet merged
-            todo = "its workers' parts are not merged yet: run prepare_tfrecord_shards.py --merge first"
         raise UsageError(f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}.")
     try:
         with tf.io.gfile.GFile(path) as file:

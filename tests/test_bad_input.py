@@ -171,25 +171,45 @@ FLAG_CASES = [
         PREPARE + " --rows_per_block 0",
         "--rows_per_block: 0 must be a positive", exit_code=2,
     ),  # fmt: skip
-    case("prepare: --num_workers 0", PREPARE + " --num_workers 0", "--num_workers: 0 must be a positive", exit_code=2),
-    case("prepare: --num_workers, no index", PREPARE + " --num_workers 3", "--num_workers 3", "--worker_index 0 to 2"),
-    case("prepare: --worker_index alone", PREPARE + " --worker_index 1", "--worker_index 1", "--num_workers 1"),
+    case("prepare: a glob matching nothing", PREPARE + " --train_file {out}/*.txt", "{out}/*.txt", "matches no file"),
+    case("prepare: unknown runner", PREPARE + " --runner NoSuchRunner", "--runner NoSuchRunner", "DirectRunner"),
     case(
-        "prepare: --worker_index past the last",
-        PREPARE + " --num_workers 2 --worker_index 2",
-        "--worker_index 2", "0 to 1", "--num_workers 2",
-    ),  # fmt: skip
-    case("prepare: --worker_index -1", PREPARE + " --num_workers 2 --worker_index -1", "--worker_index -1", "0 to 1"),
-    case("prepare: --merge alone", PREPARE + " --merge", "--merge", "--num_workers N"),
-    case(
-        "prepare: --merge with --worker_index",
-        PREPARE + " --merge --num_workers 2 --worker_index 0",
-        "--merge", "--worker_index 0",
+        "prepare: a Beam option without --runner",
+        PREPARE + " --direct_num_workers 2",
+        "--direct_num_workers 2", "--runner", exit_code=2,
     ),  # fmt: skip
     case(
-        "prepare: --merge without parts",
-        "prepare_tfrecord_shards.py --merge --num_workers 2 --output_dir {out}",
-        "{out}/train", "no parts", "--worker_index", "0 to 1",
+        "prepare: an option neither ours nor Beam's",
+        PREPARE + " --runner DirectRunner --direct_num_wokers 2",
+        "--direct_num_wokers",
+    ),  # fmt: skip
+    case(
+        "prepare: --runner with a Hub dataset",
+        "prepare_tfrecord_shards.py --tokenizer_name_or_path {tokenizer} --output_dir {out} --runner DirectRunner",
+        "--runner", "wikitext/wikitext-103-raw-v1", "--train_file",
+    ),  # fmt: skip
+    case(
+        "prepare: Dataflow without --temp_location",
+        PREPARE + " --runner DataflowRunner --project p --region r",
+        "DataflowRunner", "--temp_location gs://",
+    ),  # fmt: skip
+    case(
+        "prepare: Dataflow writing to this machine",
+        PREPARE + " --runner DataflowRunner --temp_location gs://bucket/tmp --setup_file ./setup.py",
+        "--output_dir {out}", "Cloud Storage",
+    ),  # fmt: skip
+    case(
+        "prepare: Dataflow with a local tokenizer",
+        "prepare_tfrecord_shards.py --train_file gs://bucket/corpus/*.txt --tokenizer_name_or_path {tokenizer} "
+        "--output_dir gs://bucket/shards --runner DataflowRunner --temp_location gs://bucket/tmp "
+        "--setup_file ./setup.py",
+        "--tokenizer_name_or_path {tokenizer}", "gs://", "Hub",
+    ),  # fmt: skip
+    case(
+        "prepare: Dataflow without this package",
+        "prepare_tfrecord_shards.py --train_file gs://bucket/corpus/*.txt --tokenizer_name_or_path my-user/tok "
+        "--output_dir gs://bucket/shards --runner DataflowRunner --temp_location gs://bucket/tmp",
+        "--setup_file ./setup.py",
     ),  # fmt: skip
     # run_mlm.py
     case(
@@ -258,24 +278,6 @@ def test_prepare_refuses_to_replace_a_finished_split(run_script, corpus, tokeniz
         "--output_dir", output_dir,
     ]  # fmt: skip
     needles = (output_dir / "validation", "--overwrite_output_dir")
-    refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)
-
-
-def test_prepare_merge_with_a_part_missing(run_script, corpus, tokenizer_dir, tmp_path):
-    import prepare_tfrecord_shards as prepare
-
-    output_dir = tmp_path / "shards"
-    worker_0 = [
-        "--train_file", corpus["train"],
-        "--tokenizer_name_or_path", tokenizer_dir,
-        "--max_length", MAX_LENGTH,
-        "--output_dir", output_dir,
-        "--num_workers", 2,
-        "--worker_index", 0,
-    ]  # fmt: skip
-    prepare.main(prepare.parse_args([str(arg) for arg in worker_0]))
-    args = ["--merge", "--num_workers", 2, "--output_dir", output_dir]
-    needles = (output_dir / "train", "worker 1 of 2", "manifest-00001-of-00002.json", "--worker_index 1")
     refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)
 
 
@@ -438,15 +440,15 @@ def test_run_mlm_truncated_shard(run_script, damaged_split, tokenizer_dir, tmp_p
 
 def test_run_mlm_token_ids_outside_the_vocabulary(run_script, damaged_split, tokenizer_dir, tokenizer, tmp_path):
     import numpy as np
-
-    import prepare_tfrecord_shards as prepare
     import tensorflow as tf
+
+    from mlm_pipeline import packing
 
     split_dir, shard = damaged_split
     records = sum(1 for _ in tf.data.TFRecordDataset(str(split_dir / shard)))
     too_large = len(tokenizer) + 100  # as if written with a larger tokenizer
     with tf.io.TFRecordWriter(str(split_dir / shard)) as writer:
-        for example in prepare.serialize(np.full((records, MAX_LENGTH), too_large, dtype=np.int64)):
+        for example in packing.serialize_examples(np.full((records, MAX_LENGTH), too_large, dtype=np.int64)):
             writer.write(example)
     manifest = json.loads((split_dir / "manifest.json").read_text())
     manifest["shards"][1]["bytes"] = (split_dir / shard).stat().st_size  # whole, as listed: only the ids are wrong

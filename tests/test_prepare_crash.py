@@ -1,8 +1,8 @@
 """prepare_tfrecord_shards.py killed (SIGKILL) at any moment, then run again with the same command, leaves exactly
 the files an uninterrupted run writes.
 
-The kills come from inside the real script: a small launcher wraps TensorFlow's record writer and file renames
-and removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit exactly, every
+The kills come from inside the real script: a small launcher wraps TensorFlow's file writes, renames and
+removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit exactly, every
 time, which polling the folder from outside cannot promise when a shard takes a millisecond to write. One test
 also kills from outside, as a user would, when the first shard appears.
 
@@ -43,10 +43,13 @@ def reached(name):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class RecordWriter(tf.io.TFRecordWriter):
-    def write(self, record):
-        super().write(record)
-        reached("record written")
+class GFile(tf.io.gfile.GFile):
+    def write(self, data):  # a shard or manifest is written in one call: stop halfway through it
+        half = len(data) // 2
+        super().write(data[:half])
+        self.flush()
+        reached("half a file written")
+        super().write(data[half:])
 
 
 def kind(path):
@@ -67,7 +70,7 @@ def removing(path):
     reached("file removed")
 
 
-tf.io.TFRecordWriter = RecordWriter
+tf.io.gfile.GFile = GFile
 tf.io.gfile.rename, tf.io.gfile.remove = renaming, removing
 sys.argv = [script, *args]
 runpy.run_path(script, run_name="__main__")
@@ -128,7 +131,7 @@ def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterru
 
 # (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted run's names)
 KILL_POINTS = [
-    ("in the first shard", "record written", 3, lambda done: {".train-00000-00000.tfrecord.tmp"}),
+    ("in the first shard", "half a file written", 1, lambda done: {".train-00000-00000.tfrecord.tmp"}),
     (
         "second shard written, not yet renamed",
         "before shard rename",

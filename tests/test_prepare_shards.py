@@ -10,7 +10,7 @@ import pytest
 
 import prepare_tfrecord_shards as prepare
 from conftest import MAX_LENGTH, SHARD_SIZE, make_corpus_lines, read_lines, write_lines
-from mlm_pipeline import corpus
+from mlm_pipeline import corpus, packing
 
 SHARD_NAME = re.compile(
     r"^(?P<split>train|validation|test)-(?P<block>\d{5})-(?P<index>\d{5})-(?P<count>\d+)\.tfrecord$"
@@ -282,13 +282,25 @@ def rows_of_every_kind(max_length, seed):
 @pytest.mark.parametrize("max_length", [2, 3, 15, 128, 129, 1700])
 def test_serialize_is_byte_identical_to_tf_train_example(max_length):
     rows = rows_of_every_kind(max_length, seed=max_length)
-    assert prepare.serialize(rows) == [example_bytes_from_tensorflow(row) for row in rows]
+    assert packing.serialize_examples(rows) == [example_bytes_from_tensorflow(row) for row in rows]
 
 
 def test_serialize_of_no_rows_is_nothing():
     import numpy as np
 
-    assert prepare.serialize(np.zeros((0, 128), dtype=np.int64)) == []
+    assert packing.serialize_examples(np.zeros((0, 128), dtype=np.int64)) == []
+
+
+def test_tfrecord_bytes_are_what_tensorflows_writer_writes(tmp_path):
+    """The shards are framed without TensorFlow (Beam's workers do not have it): length, checksums, record."""
+    import tensorflow as tf
+
+    records = packing.serialize_examples(rows_of_every_kind(129, seed=7)) + [b"", b"x" * 300]
+    path = str(tmp_path / "reference.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    assert packing.tfrecord_bytes(records) == (tmp_path / "reference.tfrecord").read_bytes()
 
 
 def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
@@ -385,7 +397,7 @@ def test_undecodable_line_midway_is_a_usage_error_and_leaves_nothing(corpus, tok
     path.write_bytes(good + b"caf\xe9 in Latin-1\n" + good)  # far past the first shards
     output_dir = tmp_path / "out" / "new"
     bad_line = len(read_lines(corpus["train"])) + 1
-    with pytest.raises(prepare.UsageError, match=rf"could not read .*: .*UnicodeDecodeError: line {bad_line}\b"):
+    with pytest.raises(prepare.UsageError, match=rf"could not read .*: it is not UTF-8 text \(line {bad_line} holds the byte 0xe9\)"):
         run_prepare(path, tokenizer_dir, output_dir, "--batch_size", 5, "--shard_size", 5)
     # Not even the folders it created for the shards remain.
     assert not (tmp_path / "out").exists()
