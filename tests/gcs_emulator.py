@@ -17,6 +17,15 @@ TensorFlow sends `Transfer-Encoding: identity` on empty POSTs (which Go's HTTP s
 it uploads to the `Location` that starting a resumable upload answers with, which fake-gcs-server builds
 from its own scheme (http://) and the request's host: libcurl would send that one around the proxy, to the
 real host. The proxy drops the header and turns the Location back into https://.
+
+Apache Beam's gs:// filesystem (apache_beam.io.gcp.gcsio, on google-cloud-storage) takes another
+endpoint from STORAGE_EMULATOR_HOST, plain HTTP: the same proxy's URL, which it sends ordinary
+requests to (no CONNECT, no TLS), so what `start_proxy` makes a proxy refuse, Beam gets refused too.
+The proxy mends one thing there: the parts of a batch request (Beam's copies, renames and deletes)
+carry no Content-ID, and fake-gcs-server skips every part without one. Before its first request Beam
+asks google.auth.default() for credentials; finding none, it retries for some 25 s, with a warning
+per try, then connects anonymously. GOOGLE_APPLICATION_CREDENTIALS names a file with an access token
+that never expires, so the answer comes at once, offline: no token endpoint, no metadata server.
 """
 
 import http.client
@@ -45,6 +54,7 @@ HOP_BY_HOP_HEADERS = {
 }  # fmt: skip
 # Every request TensorFlow's gs:// filesystem makes to read (metadata, listings, contents) is a GET or a HEAD;
 # uploads, deletes, copies and composes are POST, PUT, PATCH or DELETE.
+# The same holds for Beam's requests, whose batches of copies and deletes are POSTs.
 READ_METHODS = ("GET", "HEAD")
 
 
@@ -67,6 +77,23 @@ def https_location(url):
     scheme, separator, rest = url.partition("://")
     host = rest.split("/", 1)[0]
     return f"https://{rest}" if scheme == "http" and separator and host in GOOGLE_HOSTS else url
+
+
+def with_content_ids(body, content_type):
+    """A batch request's multipart/mixed body with a Content-ID on every part that has none:
+    google-cloud-storage sends none, and fake-gcs-server skips those parts (and answers an empty
+    batch, which the client takes for a broken one)."""
+    boundary = content_type.partition("boundary=")[2].split(";")[0].strip().strip('"')
+    if not boundary:
+        return body
+    parts = body.split(b"--" + boundary.encode())
+    for index, part in enumerate(parts[1:], start=1):  # parts[0]: what precedes the first delimiter
+        if part.startswith(b"--"):  # the closing delimiter
+            break
+        newline = b"\r\n" if part.startswith(b"\r\n") else b"\n"
+        if b"content-id:" not in part.split(newline * 2, 1)[0].lower():
+            parts[index] = newline + b"Content-ID: <part-%d>" % index + part  # its first header
+    return (b"--" + boundary.encode()).join(parts)
 
 
 class ProxyHandler(BaseHTTPRequestHandler):
@@ -106,6 +133,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.send_error(self.server.refuse_writes_with, "writing refused by the test proxy")
             return
         headers = {name: value for name, value in self.headers.items() if name.lower() not in HOP_BY_HOP_HEADERS}
+        if self.path.startswith("/batch/"):  # Beam's copies and deletes, many in one request
+            body = with_content_ids(body, self.headers.get("Content-Type", ""))
         headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(self.server.upstream_host, self.server.upstream_port, timeout=60)
         try:
@@ -168,6 +197,7 @@ class GcsEmulator:
         self.tls_context = None
         self.proxies = []  # the first forwards everything; start_proxy() adds others
         self.ca_bundle = self.workdir / "test-ca.pem"
+        self.credentials_file = self.workdir / "test-credentials.json"  # for Beam: see env()
         self.server_log = self.workdir / "fake-gcs-server.log"
 
     def start(self):
@@ -181,6 +211,14 @@ class GcsEmulator:
     def start_server_and_proxy(self):
         authority = trustme.CA()
         authority.cert_pem.write_to_path(self.ca_bundle)
+        # Application Default Credentials of the `authorized_user` kind, with an access token valid
+        # until `expiry`: google-auth uses it as it is, and never asks Google's token endpoint for
+        # another.
+        credentials = {
+            "type": "authorized_user", "client_id": "offline-test", "client_secret": "offline-test",
+            "refresh_token": "offline-test", "token": TEST_TOKEN, "expiry": "2999-01-01T00:00:00Z",
+        }  # fmt: skip
+        self.credentials_file.write_text(json.dumps(credentials))
         tls_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         authority.issue_cert(*GOOGLE_HOSTS).configure_cert(tls_context)
 
@@ -203,7 +241,8 @@ class GcsEmulator:
         """Another proxy in front of this emulator (stop() ends it too); returns its URL, for env().
 
         `refuse_with`: an HTTP status it answers every request with; `refuse_writes_with`: one it answers every
-        request but reads with (as for an account that may read the bucket but not write to it)."""
+        request but reads with (as for an account that may read the bucket but not write to it).
+        Both apply to TensorFlow and to Beam."""
         proxy = TlsTerminatingProxy(self.tls_context, "127.0.0.1", self.server_port, refuse_with, refuse_writes_with)
         threading.Thread(target=proxy.serve_forever, name="gcs-test-proxy", daemon=True).start()
         self.proxies.append(proxy)
@@ -237,9 +276,9 @@ class GcsEmulator:
             self.server = None
 
     def env(self, base=None, proxy_url=None):
-        """`base` (default: os.environ) plus what points a process's gs:// paths at this emulator, through the
-        first proxy or the one at `proxy_url`. TensorFlow reads them once per process, when its gs:// filesystem
-        starts, so they are meant for subprocesses."""
+        """`base` (default: os.environ) plus what points a process's gs:// paths at this emulator:
+        TensorFlow's and Beam's, through the first proxy or the one at `proxy_url`. Both read them
+        once per process, when their gs:// filesystem starts, so they are meant for subprocesses."""
         env = dict(os.environ if base is None else base)
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
             env.pop(name, None)
@@ -256,6 +295,16 @@ class GcsEmulator:
             GCS_RETRY_CONFIG_MAX_RETRIES="2",
             GCS_RETRY_CONFIG_INIT_DELAY_TIME_US="100000",
             GCS_RETRY_CONFIG_MAX_DELAY_TIME_US="1000000",
+            # Beam (google-cloud-storage): every request, uploads and batches too, goes to this URL
+            # instead of https://storage.googleapis.com: the proxy, as a plain HTTP server.
+            # HTTP_PROXY and the like are gone, so nothing stands in between.
+            STORAGE_EMULATOR_HOST=proxy,
+            # Beam's credential lookup (google.auth.default) finds this file at once, instead of
+            # retrying for some 25 s and connecting anonymously. fake-gcs-server ignores the token
+            # it holds; TensorFlow takes GOOGLE_AUTH_TOKEN_FOR_TESTING first, never this file.
+            GOOGLE_APPLICATION_CREDENTIALS=str(self.credentials_file),
+            # A project for google.auth.default(), which otherwise warns that it found none.
+            GOOGLE_CLOUD_PROJECT="offline-test-project",
         )
         return env
 
