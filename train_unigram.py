@@ -9,12 +9,12 @@ that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with 
     python train_unigram.py --vocab_size 32000 --output_dir tokenizer
 
     # local files: plain text, one document per line, under any extension (.txt, .raw, ...), or .json/.jsonl,
-    # .csv, .parquet with a --text_column
-    python train_unigram.py --train_file corpus/train.txt --vocab_size 8000 --output_dir tokenizer
+    # .csv, .parquet with a --text_column; a quoted glob reads many, in sorted order (gs://: text)
+    python train_unigram.py --train_file 'corpus/*.txt' --vocab_size 8000 --output_dir tokenizer
 
-    # also push it to the Hub (needs `hf auth login` or HF_TOKEN)
-    python train_unigram.py --vocab_size 32000 --output_dir tokenizer \
-        --push_to_hub --hub_model_id my-user/my-unigram-tokenizer
+    # C4's first 2M rows, streamed rather than downloaded, pushed to the Hub (after `hf auth login`)
+    python train_unigram.py --dataset_name allenai/c4 --dataset_config en --streaming \
+        --limit 2000000 --output_dir tokenizer --push_to_hub --hub_model_id my-user/c4-unigram
 
 A good vocabulary: NFKC, a Metaspace pre-tokenizer ("▁" starts a word), EM long enough before each pruning
 for frequent whole words to beat their spelling, and word-end examples for the words the trainer would never
@@ -56,12 +56,20 @@ WORD_COUNT_STRIDE = 4  # words are counted in every 4th batch: enough to rank th
 
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
-    data = parser.add_argument_group("data (the Hub by default, or a local file)")
+    data = parser.add_argument_group("data (the Hub by default, or local files)")
     data.add_argument("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
     data.add_argument("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
-    data.add_argument("--train_file", help="Local plain text (any extension), .json/.jsonl, .csv or .parquet file.")
+    data.add_argument(
+        "--train_file", help="Local plain text (any extension), .json/.jsonl, .csv or .parquet "
+        "file, or a quoted glob over many, read in sorted order ('corpus/*.txt'; gs:// for text).",
+    )  # fmt: skip
     data.add_argument("--text_column", default="text", help="Column that holds the text (default: text).")
     data.add_argument("--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus.")
+    data.add_argument(
+        "--streaming", action="store_true", help="Stream the Hub dataset (or local tabular files), "
+        "writing nothing to the datasets cache: --limit rows of a corpus larger than the disk (C4) "
+        "will do; without --limit, the whole stream. Plain text is always read line by line.",
+    )  # fmt: skip
     data.add_argument("--batch_size", type=positive_int, default=1000, help="Rows handed to the trainer at a time.")
     data.add_argument("--trust_remote_code", action="store_true", help="Allow code from the Hub dataset's repository.")
     model = parser.add_argument_group("tokenizer")
@@ -87,8 +95,6 @@ def check_args(args):
         raise UsageError("--hub_private only applies with --push_to_hub.")
     if args.push_to_hub:
         hub.check_hub_model_id(args.hub_model_id, example="my-user/my-tokenizer")
-    if args.train_file is not None:
-        corpus.check_corpus_file(args.train_file, "--train_file")
     if storage.is_remote(args.output_dir):  # the local file system would take gs://x for a folder named "gs:"
         raise UsageError(
             f"--output_dir {args.output_dir} is not a local folder; train_unigram.py saves the tokenizer locally (the "
@@ -100,20 +106,21 @@ def check_args(args):
             f"--output_dir {args.output_dir} already holds a tokenizer; "
             "pass --overwrite_output_dir to replace it, or choose another folder."
         )
+    storage.check_gcs_paths({"--train_file": args.train_file})  # in seconds, not minutes of retries
+    return None if args.train_file is None else corpus.input_files(args.train_file, "--train_file")
 
 
-def corpus_rows(args):
-    """The corpus's texts in order, the first --limit rows: a local plain-text file read line by line (no Arrow cache
-    to build, so training starts at once), anything else through datasets."""
-    if args.train_file is not None and corpus.local_format(args.train_file) == "text":
-        rows = corpus.text_file_lines(args.train_file, args.text_column)
+def corpus_rows(args, files, source):
+    """The corpus's texts in order, the first --limit rows (all without it): text files read line by
+    line, one after another (no Arrow cache to build, so training starts at once), the rest through
+    datasets, as a stream with --streaming; an error met while reading is one line too."""
+    if files is not None and corpus.local_format(files[0]) == "text":
+        rows = (line for path in files for line in corpus.text_file_lines(path, args.text_column))
     else:
-        source = (args.train_file, args.dataset_name, args.dataset_config, args.trust_remote_code)
-        dataset = corpus.load_split("train", *source, stream_local=False)
+        where = (files, args.dataset_name, args.dataset_config, args.trust_remote_code)
+        dataset = corpus.load_split("train", *where, streaming=args.streaming)
         rows = corpus.dataset_column(dataset, args.text_column, args.batch_size)
-    if args.limit is not None:
-        rows = itertools.islice(rows, args.limit)
-    return rows
+    return itertools.islice(corpus.reading_errors_as_usage_errors(rows, source), args.limit)
 
 
 def training_batches(rows, batch_size, vocab_size, counts):
@@ -125,9 +132,7 @@ def training_batches(rows, batch_size, vocab_size, counts):
             for text in batch:
                 word_counts.update(text.split())
         yield batch
-    examples = word_end_examples(word_counts, int(vocab_size * WORD_END_EXAMPLES_PER_PIECE))
-    if examples:
-        yield examples
+    yield word_end_examples(word_counts, int(vocab_size * WORD_END_EXAMPLES_PER_PIECE))  # maybe []
 
 
 def non_blank_batches(rows, batch_size, counts):
@@ -220,8 +225,7 @@ def canonical_vocabulary(tokenizer_json):
     for entry, piece in zip(required, sorted(piece for piece, _ in required)):
         entry[0] = piece
     rest = sorted(([piece, round(score, SCORE_DECIMALS)] for piece, score in vocab), key=lambda e: (-e[1], e[0]))
-    head = [[token, 0.0] for token in SPECIAL_TOKENS]
-    model["vocab"] = head + rest
+    model["vocab"] = [[token, 0.0] for token in SPECIAL_TOKENS] + rest
     model["unk_id"] = SPECIAL_TOKENS.index("<unk>")
     return tokenizer_json
 
@@ -231,20 +235,16 @@ def train_tokenizer(rows, vocab_size, batch_size, counts, source):
     from tokenizers import AddedToken, Tokenizer, processors
 
     tokenizer = build_tokenizer()
-    saved_pre_tokenizer = tokenizer.pre_tokenizer
     tokenizer.pre_tokenizer = training_pre_tokenizer()
     batches = training_batches(rows, batch_size, vocab_size, counts)
     tokenizer.train_from_iterator(batches, trainer=build_trainer(vocab_size))
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise UsageError(f"the corpus {source} has no non-blank text to learn from; check it and --text_column.")
-    tokenizer.pre_tokenizer = saved_pre_tokenizer
-
+    tokenizer.pre_tokenizer = build_tokenizer().pre_tokenizer  # the one saved
     tokenizer = Tokenizer.from_str(json.dumps(canonical_vocabulary(json.loads(tokenizer.to_str()))))
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
     )
     # "the [MASK] of" must tokenize like "the capital of": the mask absorbs the space before it, as the
     # word piece it stands for ("▁capital") does.
@@ -275,19 +275,18 @@ def save(tokenizer, output_dir):
 
 
 def main(args):
-    check_args(args)
+    files = check_args(args)  # bad input refused in one line; --train_file's files (None: Hub)
     # The Hub repository first: a bad id, a missing login or no network should cost no training.
     repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub") if args.push_to_hub else None
-    rows, source = corpus_rows(args), args.train_file or f"{args.dataset_name}/{args.dataset_config}"
+    source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"  # a glob as given
+    rows = corpus_rows(args, files, source)
     print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {source}.")
     counts = collections.Counter()
     trained = train_tokenizer(rows, args.vocab_size, args.batch_size, counts, source)
     tokenizer = wrap_for_transformers(trained)
     names = save(tokenizer, args.output_dir)
-    print(
-        f"Saved the tokenizer ({len(tokenizer)} tokens), learned from {counts['texts']} non-blank of "
-        f"{counts['rows']} rows, to {args.output_dir}"
-    )
+    learned = f"learned from {counts['texts']} non-blank of {counts['rows']} rows"
+    print(f"Saved the tokenizer ({len(tokenizer)} tokens), {learned}, to {args.output_dir}")
     if repo_id is not None:
         card = model_card.tokenizer_card(repo_id, tokenizer, SPECIAL_TOKENS, source, counts)
         message = f"Unigram tokenizer, {len(tokenizer)} tokens"

@@ -2,6 +2,7 @@ import csv
 import json
 import re
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -128,8 +129,11 @@ def test_windows_and_old_mac_line_ends_read_as_newlines(tmp_path):
 
 def test_text_that_is_not_utf8_is_a_usage_error(tmp_path):
     path = tmp_path / "latin1.txt"
-    path.write_bytes("\n".join(make_corpus_lines(20, seed=3) + ["caf\xe9 cr\xe8me"]).encode("latin-1"))
-    with pytest.raises(train_unigram.UsageError, match="could not read .*latin1.txt.*UnicodeDecodeError"):
+    lines = make_corpus_lines(20, seed=3) + ["caf\xe9 cr\xe8me"]
+    path.write_bytes("\n".join(lines).encode("latin-1"))
+    line = next(number for number, text in enumerate(lines, start=1) if "\xe9" in text)
+    where = rf"could not read .*latin1\.txt: it is not UTF-8 text \(line {line} holds the byte 0xe9"
+    with pytest.raises(train_unigram.UsageError, match=where):
         train(path, tmp_path / "tokenizer")
     assert not (tmp_path / "tokenizer").exists()
 
@@ -252,3 +256,130 @@ def test_a_compressed_corpus_is_refused_by_name(corpus, tmp_path):
     with pytest.raises(train_unigram.UsageError, match=r"'\.gz', a compressed or document format"):
         train(path, tmp_path / "tokenizer")
     assert not (tmp_path / "tokenizer").exists()
+
+
+# Many files: a glob over local files, and a dataset read as a stream.
+
+
+def train_on(output_dir, *source, vocab_size=VOCAB_SIZE):
+    """train_unigram.py on any source flags (`train` is the shorthand for one --train_file)."""
+    argv = [str(arg) for arg in source] + ["--vocab_size", str(vocab_size)]
+    return train_unigram.main(train_unigram.parse_args(argv + ["--output_dir", str(output_dir)]))
+
+
+def tokenizer_bytes(folder):
+    return (Path(folder) / "tokenizer.json").read_bytes()
+
+
+def same_tokenizer(folder, other):
+    return tokenizer_bytes(folder) == tokenizer_bytes(other)
+
+
+def write_jsonl(path, lines):
+    path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("extension", [".txt", ".jsonl"])
+def test_a_glob_reads_its_files_one_after_another_in_sorted_order(tmp_path, capsys, extension):
+    """Parts made in the order part-2, part-10, part-1 are read as part-1, part-10, part-2 (by
+    name); --limit takes rows from all three, so another order would give another tokenizer."""
+    lines = make_corpus_lines(420, seed=0)
+    parts = {"part-2": lines[250:], "part-10": lines[100:250], "part-1": lines[:100]}
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write = write_lines if extension == ".txt" else write_jsonl
+    files = {name: write(folder / f"{name}{extension}", part) for name, part in parts.items()}
+    pattern = str(folder / f"part-*{extension}")
+    train(pattern, tmp_path / "from_glob", "--limit", 300, vocab_size=200)
+    assert f" on {pattern}.\n" in capsys.readouterr().out  # the pattern as given
+
+    for order, names in (("sorted", sorted(files)), ("creation", list(files))):
+        whole = tmp_path / f"{order}{extension}"  # one file: the parts' bytes end to end
+        whole.write_bytes(b"".join(files[name].read_bytes() for name in names))
+        train(whole, tmp_path / order, "--limit", 300, vocab_size=200)
+    assert same_tokenizer(tmp_path / "from_glob", tmp_path / "sorted")
+    assert not same_tokenizer(tmp_path / "from_glob", tmp_path / "creation")
+
+
+def test_a_glob_that_matches_nothing_is_refused_in_one_line(tmp_path, run_script):
+    (tmp_path / "corpus").mkdir()
+    write_lines(tmp_path / "corpus" / "train.txt", make_corpus_lines(20, seed=3))
+    pattern, output_dir = str(tmp_path / "corpus" / "part-*.txt"), tmp_path / "tokenizer"
+    with pytest.raises(train_unigram.UsageError, match=f"{re.escape(pattern)} matches no file"):
+        train(pattern, output_dir)
+
+    result = run_script("train_unigram.py", "--train_file", pattern, "--output_dir", output_dir)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    refusal = (
+        f"train_unigram.py: error: --train_file {pattern} matches no file; "
+        "check the path and the pattern (quote it in the shell)."
+    )
+    assert result.stderr.strip().splitlines() == [refusal]
+    assert not output_dir.exists()
+
+
+def write_hub_layout(folder, parts):
+    """A dataset repository laid out as on the Hub, data/train-0000i-of-0000n.jsonl: datasets
+    loads a local folder given as --dataset_name through the same code as a Hub id, offline. A
+    part is a list of texts, or a file's whole text. Returns the flags that name the dataset."""
+    (folder / "data").mkdir(parents=True)
+    for index, part in enumerate(parts):
+        path = folder / "data" / f"train-{index:05d}-of-{len(parts):05d}.jsonl"
+        if isinstance(part, list):
+            write_jsonl(path, part)
+        else:
+            path.write_text(part, encoding="utf-8")
+    return ["--dataset_name", folder, "--dataset_config", "default"]
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """An empty datasets cache of the test's own. datasets read HF_DATASETS_CACHE on import (as
+    conftest's isolated_hf_cache set it, session-wide), so it is changed where datasets keeps it."""
+    import datasets
+
+    cache = tmp_path / "datasets_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    return cache
+
+
+def dataset_files(cache):
+    """The files a load left in the datasets cache but lock files (a stream takes a lock only)."""
+    files = Path(cache).rglob("*")
+    return sorted(path for path in files if path.is_file() and path.suffix != ".lock")
+
+
+def test_streaming_writes_nothing_to_the_datasets_cache(
+    corpus, tokenizer_dir, datasets_cache, tmp_path
+):
+    lines = read_lines(corpus["train"])
+    hub = write_hub_layout(tmp_path / "dataset", [lines[:200], lines[200:]])
+    local = ["--train_file", tmp_path / "dataset" / "data" / "train-*.jsonl"]  # local tabular files
+    for name, source in (("hub", hub), ("local", local)):
+        train_on(tmp_path / name, *source, "--streaming")
+        assert same_tokenizer(tmp_path / name, tokenizer_dir), f"{name}: another tokenizer"
+    assert dataset_files(datasets_cache) == []
+
+    train_on(tmp_path / "downloaded", *hub)  # without --streaming: converted into the cache first
+    assert same_tokenizer(tmp_path / "downloaded", tokenizer_dir)
+    assert any(path.suffix == ".arrow" for path in dataset_files(datasets_cache))
+
+
+def test_streaming_with_limit_reads_only_the_first_rows(corpus, datasets_cache, tmp_path):
+    """--limit 300 of a stream reads rows 0-299, across the first two parts, and never opens the
+    third: not JSON at all, it fails the same run without --limit, in one line."""
+    lines = read_lines(corpus["train"])
+    hub = write_hub_layout(tmp_path / "dataset", [lines[:200], lines[200:], "{this is not JSON\n"])
+    small = ["--batch_size", 50]  # the stream is read a batch ahead of the trainer
+    train_on(tmp_path / "streamed", *hub, "--streaming", "--limit", 300, *small, vocab_size=200)
+    head = write_lines(tmp_path / "head.txt", lines[:300])
+    train(head, tmp_path / "head", *small, vocab_size=200)
+    assert same_tokenizer(tmp_path / "streamed", tmp_path / "head")
+    assert dataset_files(datasets_cache) == []
+
+    source = re.escape(f"{hub[1]}/default")
+    with pytest.raises(train_unigram.UsageError, match=f"could not read {source}: "):
+        train_on(tmp_path / "whole", *hub, "--streaming", *small, vocab_size=200)
+    assert not (tmp_path / "whole").exists()
