@@ -234,8 +234,10 @@ def run(beam_argv, files, settings, tokenizer, tokenizer_fingerprint, split_spec
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         runner = FnApiRunner()
-        # Worker processes (--direct_running_mode multi_processing) import this package too.
+        # Worker processes (--direct_running_mode multi_processing) import this package too, and talk to this
+        # one over gRPC on loopback, which must not go through an HTTPS_PROXY set for Cloud Storage.
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+        os.environ["no_grpc_proxy"] = ",".join(filter(None, [os.environ.get("no_grpc_proxy"), "localhost,127.0.0.1"]))
         quiet_beam()
     else:  # a remote runner's progress, and where to watch the job (Dataflow's console link), are logged
         logging.getLogger().setLevel(logging.INFO)

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import storage
 from .errors import UsageError, first_line
+from .tf_startup import tensorflow_startup_log_held_back
 
 # Tabular formats, read by their datasets builder; any other file is plain text, one document per line
 # (.txt, WikiText's .raw and .tokens, no extension at all...).
@@ -67,7 +68,8 @@ def input_files(pattern, flag):
         check_corpus_file(pattern, flag)
         return [pattern]
     if remote:
-        import tensorflow as tf
+        with tensorflow_startup_log_held_back():  # TensorFlow lists gs://; its start-up log is noise here
+            import tensorflow as tf
 
         matches = tf.io.gfile.glob(pattern) if has_glob(pattern) else [pattern] * tf.io.gfile.exists(pattern)
         files = [path for path in matches if not tf.io.gfile.isdir(path)]

@@ -333,6 +333,14 @@ class GcsEmulator:
             if not page_token:
                 return objects
 
+    def upload(self, bucket, name, data):
+        request = urllib.request.Request(
+            f"{self.server_url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={urllib.parse.quote(name)}",
+            data=data, method="POST", headers={"Content-Type": "application/octet-stream"},
+        )  # fmt: skip
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30) as response:
+            return response.read()
+
     def download(self, bucket, name):
         return self.request("GET", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media")
 

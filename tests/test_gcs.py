@@ -111,6 +111,40 @@ def test_prepare_writes_the_same_shards_to_gcs_as_to_a_local_folder(gcs, gcs_sha
     assert len(manifest["shards"]) > 1 and manifest["records"] == sum(shard["records"] for shard in manifest["shards"])
 
 
+def test_beam_reads_a_glob_in_the_bucket_and_writes_there_what_one_local_process_writes(
+    gcs, corpus, tokenizer_dir, tmp_path
+):
+    """prepare --runner on gs:// paths, as on Dataflow (here Beam's DirectRunner, two worker processes): the
+    workers list, seek into and read the corpus's objects and write the shards and manifest.json with Beam's
+    own Cloud Storage client; the launcher checks and clears the split with TensorFlow's."""
+    lines = corpus["train"].read_bytes().splitlines(keepends=True)
+    third = len(lines) // 3
+    parts = {"corpus/part-1.txt": b"".join(lines[:third]), "corpus/part-0.txt": b"".join(lines[third:])}
+    for name, data in parts.items():
+        gcs.upload(BUCKET, name, data)
+        (tmp_path / name.replace("corpus/", "")).write_bytes(data)
+    flags = ["--tokenizer_name_or_path", tokenizer_dir, "--max_length", MAX_LENGTH, "--shard_size", 40]
+    flags += ["--rows_per_block", 60]
+    local = run_on(gcs, "prepare_tfrecord_shards.py", "--train_file", tmp_path / "part-*.txt", *flags,
+                   "--output_dir", tmp_path / "local")  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    beam = ["--runner", "DirectRunner", "--direct_num_workers", 2, "--direct_running_mode", "multi_processing"]
+    written = run_on(gcs, "prepare_tfrecord_shards.py", "--train_file", f"gs://{BUCKET}/corpus/part-*.txt", *flags,
+                     "--output_dir", f"gs://{BUCKET}/beam", *beam)  # fmt: skip
+    assert written.returncode == 0, written.stderr[-3000:]
+
+    local_files = [path for path in (tmp_path / "local").rglob("*") if path.is_file()]
+    expected = {str(path.relative_to(tmp_path / "local")): path.read_bytes() for path in local_files}
+    expected["train/manifest.json"] = expected["train/manifest.json"].replace(
+        str(tmp_path / "part-*.txt").encode(), f"gs://{BUCKET}/corpus/part-*.txt".encode()
+    )
+    arrived = [name for name in gcs.list_objects(BUCKET, "beam/") if not name.endswith("/")]
+    assert sorted(name.removeprefix("beam/") for name in arrived) == sorted(expected)
+    for name, content in expected.items():
+        assert gcs.download(BUCKET, f"beam/{name}") == content, name
+    assert json.loads(expected["train/manifest.json"])["blocks"] > 2
+
+
 def latest_checkpoint_step(gcs, run):
     """The step of the newest checkpoint the `checkpoint` state object names, or None before the first."""
     name = f"{run}/{contract.CHECKPOINT_DIR}/checkpoint"
