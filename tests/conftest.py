@@ -192,3 +192,44 @@ def last_line(text):
     """The last non-empty line (tqdm's carriage returns count as line ends)."""
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hub datasets, offline: a local folder laid out as a Hub repository, and a datasets cache of a test's own
+
+
+def write_jsonl(path, lines):
+    path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def write_hub_layout(folder, parts):
+    """A dataset repository laid out as on the Hub, data/train-0000i-of-0000n.jsonl: datasets
+    loads a local folder given as --dataset_name through the same code as a Hub id, offline. A
+    part is a list of texts, or a file's whole text. Returns the flags that name the dataset."""
+    (folder / "data").mkdir(parents=True)
+    for index, part in enumerate(parts):
+        path = folder / "data" / f"train-{index:05d}-of-{len(parts):05d}.jsonl"
+        if isinstance(part, list):
+            write_jsonl(path, part)
+        else:
+            path.write_text(part, encoding="utf-8")
+    return ["--dataset_name", folder, "--dataset_config", "default"]
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """An empty datasets cache of the test's own. datasets read HF_DATASETS_CACHE on import (as
+    conftest's isolated_hf_cache set it, session-wide), so it is changed where datasets keeps it."""
+    import datasets
+
+    cache = tmp_path / "datasets_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    return cache
+
+
+def dataset_files(cache):
+    """The files a load left in the datasets cache but lock files (a stream takes a lock only)."""
+    files = Path(cache).rglob("*")
+    return sorted(path for path in files if path.is_file() and path.suffix != ".lock")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import prepare_tfrecord_shards as prepare
-from conftest import MAX_LENGTH, SHARD_SIZE, make_corpus_lines, read_lines, write_lines
+from conftest import MAX_LENGTH, SHARD_SIZE, dataset_files, make_corpus_lines, read_lines, write_hub_layout, write_lines
 from mlm_pipeline import corpus, packing
 
 SHARD_NAME = re.compile(
@@ -418,3 +418,25 @@ def test_bad_input_leaves_the_split_it_would_overwrite(shards_dir, tokenizer_dir
     with pytest.raises(prepare.UsageError):
         run_prepare(source, tokenizer_dir, tmp_path, "--overwrite_output_dir", *extra, split="validation")
     assert {name: (tmp_path / name).read_bytes() for name in output_files(tmp_path)} == before
+
+
+def test_streaming_a_hub_dataset_writes_nothing_to_the_cache(
+    corpus, tokenizer_dir, datasets_cache, read_manifest, tmp_path
+):
+    """--streaming reads the Hub dataset as it packs it (a local folder laid out as a Hub repository stands in
+    for the Hub, through the same datasets code): the shards are those of the same rows as a text file, and
+    nothing lands in the datasets cache, where the same run without --streaming converts the whole split."""
+    lines = read_lines(corpus["validation"])
+    hub = write_hub_layout(tmp_path / "dataset", [lines[:50], lines[50:]])
+    streamed, downloaded, from_text = tmp_path / "streamed", tmp_path / "downloaded", tmp_path / "text"
+    for output_dir, extra in ((streamed, ["--streaming"]), (downloaded, [])):
+        argv = [*hub, "--tokenizer_name_or_path", tokenizer_dir, "--max_length", MAX_LENGTH, *extra]
+        prepare.main(prepare.parse_args([str(arg) for arg in [*argv, "--output_dir", output_dir]]))
+        if output_dir == streamed:
+            assert dataset_files(datasets_cache) == []
+    assert any(path.suffix == ".arrow" for path in dataset_files(datasets_cache))
+    run_prepare(corpus["validation"], tokenizer_dir, from_text)
+    for output_dir in (streamed, downloaded):
+        assert read_manifest(output_dir / "train")["shards"] == read_manifest(from_text / "train")["shards"]
+        for shard in shard_files(from_text / "train"):
+            assert (output_dir / "train" / shard.name).read_bytes() == shard.read_bytes()

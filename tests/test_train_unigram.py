@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import train_unigram
-from conftest import VOCAB_SIZE, make_corpus_lines, read_lines, write_lines
+from conftest import VOCAB_SIZE, dataset_files, make_corpus_lines, read_lines, write_hub_layout, write_jsonl, write_lines
 
 SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 
@@ -275,11 +275,6 @@ def same_tokenizer(folder, other):
     return tokenizer_bytes(folder) == tokenizer_bytes(other)
 
 
-def write_jsonl(path, lines):
-    path.write_text("".join(json.dumps({"text": line}) + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
 @pytest.mark.parametrize("extension", [".txt", ".jsonl"])
 def test_a_glob_reads_its_files_one_after_another_in_sorted_order(tmp_path, capsys, extension):
     """Parts made in the order part-2, part-10, part-1 are read as part-1, part-10, part-2 (by
@@ -317,38 +312,6 @@ def test_a_glob_that_matches_nothing_is_refused_in_one_line(tmp_path, run_script
     )
     assert result.stderr.strip().splitlines() == [refusal]
     assert not output_dir.exists()
-
-
-def write_hub_layout(folder, parts):
-    """A dataset repository laid out as on the Hub, data/train-0000i-of-0000n.jsonl: datasets
-    loads a local folder given as --dataset_name through the same code as a Hub id, offline. A
-    part is a list of texts, or a file's whole text. Returns the flags that name the dataset."""
-    (folder / "data").mkdir(parents=True)
-    for index, part in enumerate(parts):
-        path = folder / "data" / f"train-{index:05d}-of-{len(parts):05d}.jsonl"
-        if isinstance(part, list):
-            write_jsonl(path, part)
-        else:
-            path.write_text(part, encoding="utf-8")
-    return ["--dataset_name", folder, "--dataset_config", "default"]
-
-
-@pytest.fixture
-def datasets_cache(tmp_path, monkeypatch):
-    """An empty datasets cache of the test's own. datasets read HF_DATASETS_CACHE on import (as
-    conftest's isolated_hf_cache set it, session-wide), so it is changed where datasets keeps it."""
-    import datasets
-
-    cache = tmp_path / "datasets_cache"
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    return cache
-
-
-def dataset_files(cache):
-    """The files a load left in the datasets cache but lock files (a stream takes a lock only)."""
-    files = Path(cache).rglob("*")
-    return sorted(path for path in files if path.is_file() and path.suffix != ".lock")
 
 
 def test_streaming_writes_nothing_to_the_datasets_cache(
