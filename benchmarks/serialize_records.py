@@ -6,20 +6,21 @@
 prepare_tfrecord_shards.py turns every [N, max_length] block of token ids into N serialized Examples with
 one int64 feature. The ways compared, all checked to give the same bytes:
 
-  varints     a hand-written protobuf encoder in numpy (the varints of the whole array at once, then the few
-              bytes that open each record, cached by size), which prepare used before; kept here to compare
+  varints     mlm_pipeline.packing.serialize_examples, what prepare uses: a protobuf encoder in numpy (the
+              varints of the whole array at once, then the few bytes that open each record, cached by size),
+              which needs no TensorFlow, so Apache Beam's workers run it too
   per-row     tf.train.Example(... Int64List(value=row.tolist()) ...).SerializeToString() for each row: the
               textbook way
   reused      one Example object, its Int64List emptied and `.extend(row)`-ed for each row
-  encode      prepare_tfrecord_shards.serialize: tf.io.encode_proto on the whole array, one call per level of
-              nesting (Int64List, Feature, the "input_ids" map entry, Features, Example), each on all N rows
+  encode      tf.io.encode_proto on the whole array, one call per level of nesting (Int64List, Feature, the
+              "input_ids" map entry, Features, Example), each on all N rows, which prepare used before
 
 Two measurements, each repeated --repeats times with the ways in rotating order:
 
 1. Alone: each way on the same int64 [N, max_length] array of real token ids (the records prepare wrote for
    --train_file). Median seconds, and the median over repeats of each way's time / the varints' time.
-2. End to end: prepare_tfrecord_shards.py's main() on --train_file, in this process, with its `serialize`
-   replaced by each way; wall and CPU seconds of the whole run (CPU: every thread's), the seconds spent in
+2. End to end: prepare_tfrecord_shards.py's main() on --train_file, in this process, with
+   packing.serialize_examples replaced by each way; wall and CPU seconds of the whole run (CPU: every thread's), the seconds spent in
    `serialize` (wall, and the CPU of the main thread, which runs it), and that CPU's share of the run's.
    prepare tokenizes in --num_proc threads while the main thread packs, serializes and writes, so the wall
    time inside `serialize` includes waiting for a core; on a shared machine CPU time is the steadier figure.
@@ -30,7 +31,6 @@ The machine is printed first; figures from other machines compare only as ratios
 
 import argparse
 import contextlib
-import functools
 import os
 import statistics
 import sys
@@ -59,59 +59,24 @@ def parse_args(argv=None):
 # The four ways: int64 [N, L] -> N serialized tf.train.Example, feature "input_ids"
 
 
-def varint(value):
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def encode_proto(sequences):
+    """tf.io.encode_proto on the whole array, one call per level of nesting, inside out (Int64List, Feature, the
+    map entry "input_ids" -> Feature, Features, Example), each on all rows: what prepare used before its records
+    had to be written without TensorFlow (Beam's workers)."""
+    import tensorflow as tf
 
+    rows = len(sequences)
 
-def length_delimited(field_number, length):
-    return varint(field_number << 3 | 2) + varint(length)
+    def message(message_type, **fields):  # one value of each field per row
+        values = [tf.reshape(value, [rows, 1]) for value in fields.values()]
+        return tf.io.encode_proto(tf.ones([rows, len(fields)], tf.int32), values, list(fields), message_type)
 
-
-@functools.lru_cache(maxsize=None)
-def example_prefix(values_size):
-    """Every byte of the record before its packed values: tag and length of each level, inside out."""
-    name = b"input_ids"
-    prefix = length_delimited(1, values_size)  # Int64List.value, packed
-    prefix = length_delimited(3, len(prefix) + values_size) + prefix  # Feature.int64_list
-    key = length_delimited(1, len(name)) + name
-    prefix = key + length_delimited(2, len(prefix) + values_size) + prefix  # the map entry's value
-    prefix = length_delimited(1, len(prefix) + values_size) + prefix  # Features.feature
-    return length_delimited(1, len(prefix) + values_size) + prefix  # Example.features
-
-
-def varints(values):
-    """The varints of a 2-D uint64 array, concatenated row by row, and the byte count of each row."""
-    import numpy as np
-
-    sizes = np.ones(values.shape, dtype=np.uint8)
-    largest = int(values.max()) if values.size else 0
-    for bits in range(7, 64, 7):
-        if largest < 1 << bits:
-            break
-        sizes += values >= 1 << bits
-    width = int(sizes.max()) if values.size else 1
-    groups = np.empty(values.shape + (width,), dtype=np.uint8)
-    present = np.empty(values.shape + (width,), dtype=bool)
-    for k in range(width):
-        groups[..., k] = (values >> 7 * k) & 0x7F
-        present[..., k] = sizes > k
-    groups[..., :-1] |= present[..., 1:].view(np.uint8) << 7
-    return groups[present], sizes.sum(axis=1, dtype=np.int64)
-
-
-def with_varints(sequences):
-    import numpy as np
-
-    values = np.ascontiguousarray(sequences, dtype=np.int64).view(np.uint64)
-    packed, sizes = varints(values)
-    packed = packed.tobytes()
-    ends = np.cumsum(sizes).tolist()
-    return [example_prefix(end - start) + packed[start:end] for start, end in zip([0] + ends[:-1], ends)]
+    lengths = tf.fill([rows, 1], sequences.shape[1])
+    int64_list = tf.io.encode_proto(lengths, [sequences], ["value"], "tensorflow.Int64List")
+    feature = message("tensorflow.Feature", int64_list=int64_list)
+    entry = message("tensorflow.Features.FeatureEntry", key=tf.fill([rows], "input_ids"), value=feature)
+    features = message("tensorflow.Features", feature=entry)
+    return message("tensorflow.Example", features=features).numpy().tolist()
 
 
 def per_row(sequences):
@@ -137,7 +102,7 @@ def reused(sequences):
     return records
 
 
-WAYS = {"varints": with_varints, "per-row": per_row, "reused": reused}  # main() adds prepare's own: "encode"
+WAYS = {"per-row": per_row, "reused": reused, "encode": encode_proto}  # main() adds prepare's own: "varints"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -162,10 +127,10 @@ def quietly(prepare, argv):
         return prepare.main(prepare.parse_args(argv))
 
 
-def end_to_end(args, prepare, scratch):
+def end_to_end(args, prepare, packing, scratch):
     """prepare's main() once per way per round. Returns {way: [(wall, CPU, serialize wall, serialize CPU)]}, in
     seconds, and the last run's manifest and folder."""
-    original = prepare.serialize
+    original = packing.serialize_examples
     results = {name: [] for name in WAYS}
     manifest = None
     for round_number, order in enumerate(rotations(list(WAYS), args.repeats)):
@@ -183,13 +148,13 @@ def end_to_end(args, prepare, scratch):
             argv = ["--train_file", args.train_file, "--tokenizer_name_or_path", args.tokenizer]
             argv += ["--max_length", str(args.max_length), "--output_dir", output_dir]
             argv += ["--num_proc", str(args.num_proc)] if args.num_proc else []
-            prepare.serialize = timed
+            packing.serialize_examples = timed
             try:
                 wall, cpu = time.perf_counter(), time.process_time()
                 manifest = quietly(prepare, argv)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             finally:
-                prepare.serialize = original
+                packing.serialize_examples = original
             results[name].append((wall, cpu, *spent))
             print(f"round {round_number + 1}, {name}: {wall:.2f} s, serialize {spent[0]:.2f} s", flush=True)
     return results, manifest, output_dir
@@ -221,8 +186,9 @@ def alone(sequences, repeats):
 
 def main(args):
     import prepare_tfrecord_shards as prepare
+    from mlm_pipeline import packing
 
-    WAYS["encode"] = prepare.serialize
+    WAYS["varints"] = packing.serialize_examples
 
     args.train_file, args.tokenizer = os.path.abspath(args.train_file), os.path.abspath(args.tokenizer)
     print(f"machine: {describe_machine()}")
@@ -233,7 +199,7 @@ def main(args):
             "--train_file", args.train_file, "--tokenizer_name_or_path", args.tokenizer,
             "--max_length", str(args.max_length), "--output_dir", f"{scratch}/warm-up",
         ])  # fmt: skip  (a first run pays the imports and reads the file into the page cache)
-        runs, manifest, output_dir = end_to_end(args, prepare, scratch)
+        runs, manifest, output_dir = end_to_end(args, prepare, packing, scratch)
         sequences = read_sequences(f"{output_dir}/train", manifest)
     print(f"\n{sequences.shape[0]} records of {sequences.shape[1]} ids, the largest {sequences.max()}\n")
 

@@ -8,9 +8,11 @@ own. Scripts import these modules; nothing here imports a script.
     tf_startup      TensorFlow's start-up log, held back unless start-up fails
     storage         local or gs:// output folders, checked before any work (a short-lived Cloud Storage probe)
     contract        the files the steps hand on: names, manifest keys, the record feature; reading them back
-    corpus          reading a local corpus file or a Hub dataset as a stream of texts
-    shard_workers   prepare_tfrecord_shards.py on several machines: worker flags, parts, the manifest, --merge
-    split_folder    a split's folder while it is written: whose files are whose, clean-up, files written whole
+    corpus          reading local or gs:// files (globs too) or a Hub dataset (streamed, or not) as texts
+    packing         the bytes of the shards: tokenize, pack, tf.train.Example records, TFRecord files
+    split_manifest  a finished split's manifest.json, built from what each block gave
+    split_folder    a split's folder while it is written: checks, clean-up, the manifest written last
+    beam_pipeline   prepare_tfrecord_shards.py --runner: the step as an Apache Beam pipeline (Dataflow)
     hosts           run_mlm.py on several hosts: which process writes, which shards each host reads
     checkpoints     run_mlm.py's output folder, checkpoints and resume, the fit() segments and callbacks
     model_folder    run_mlm.py's finished model folder, written so that it never looks finished early
