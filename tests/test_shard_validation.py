@@ -44,3 +44,22 @@ def test_a_shard_corrupted_inside_is_named_when_training_reaches_it(run_script, 
     line = last_line(result.stderr)
     assert line.startswith("run_mlm.py: error: ") and str(shard) in line and "corrupt" in line, result.stderr[-3000:]
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_the_checks_before_training_look_each_shard_up_once(shards_dir, tokenizer, monkeypatch):
+    """On gs:// every lookup is a round trip: read_manifest and check_shards share one stat() per shard (made
+    many at a time), and no shard is also asked whether it exists."""
+    import tensorflow as tf
+
+    from mlm_pipeline import contract
+
+    looked_up = []
+    stat, exists = tf.io.gfile.stat, tf.io.gfile.exists
+    monkeypatch.setattr(tf.io.gfile, "stat", lambda path: looked_up.append(path) or stat(path))
+    monkeypatch.setattr(tf.io.gfile, "exists", lambda path: looked_up.append(path) or exists(path))
+    train, evaluation = contract.read_training_manifests(
+        str(shards_dir / "train"), str(shards_dir / "validation"), tokenizer, "tokenizer"
+    )
+    shards = [*train["files"], *evaluation["files"]]
+    assert len(train["files"]) > 1
+    assert sorted(path for path in looked_up if path.endswith(".tfrecord")) == sorted(shards)
