@@ -40,6 +40,76 @@ from mlm_pipeline.errors import non_negative_int, positive_int
 from mlm_pipeline.pytorch_export import FIXED_PADDING_INDEX_MODELS, check_pytorch_export
 
 
+def parse_args(argv=None):
+    parser = OneLineErrorParser(description="Pretrain a masked language model from scratch on TFRecord shards.")
+    data = parser.add_argument_group("data")
+    data.add_argument("--train_dataset", required=True, help="Folder of train shards (local or gs://).")
+    data.add_argument("--eval_dataset", help="Folder of evaluation shards (local or gs://); optional.")
+    data.add_argument("--tokenizer", required=True, help="Tokenizer folder or Hub id (from train_unigram.py).")
+    data.add_argument("--max_length", type=int, help="Sequence length; must equal the shards' (default: theirs).")
+    data.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens masked (default: 0.15).")
+    data.add_argument("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled together.")
+    data.add_argument("--whole_word_masking", action="store_true", help="Train on whole words masked: a word's pieces "
+                      "are chosen together (evaluation keeps token masking, so runs compare).")
+    model = parser.add_argument_group("model")
+    model.add_argument("--pretrained_model_config", help="Config to start from: Hub id, local folder or JSON file; "
+                       "never weights. Default: RoBERTa-base's architecture (transformers' RobertaConfig()).")
+    model.add_argument("--config_overrides", help="Comma-separated config changes, e.g. "
+                       "hidden_size=256,num_hidden_layers=4,num_attention_heads=4")
+    model.add_argument("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
+    training = parser.add_argument_group("training")
+    training.add_argument("--output_dir", required=True, help="Where the model and tokenizer are saved.")
+    training.add_argument("--overwrite_output_dir", action="store_true", help="Replace a finished run there.")
+    training.add_argument("--no_pytorch_export", action="store_true", help="Save the TF weights only, without "
+                          "--output_dir/pytorch: a copy for transformers 5 (roberta, roberta-prelayernorm, bert).")
+    training.add_argument("--per_replica_batch_size", type=positive_int, default=8, help="Sequences per replica.")
+    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards "
+                          "(default: 1); --max_steps overrides it.")
+    training.add_argument("--max_steps", type=positive_int, help="Optimizer steps to run in all, overriding "
+                          "--num_epochs: the data repeats as needed and the last epoch may end part-way.")
+    training.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate (default: 1e-4).")
+    training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
+    training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
+    training.add_argument("--max_grad_norm", type=float, default=0.0, help="Global gradient norm clip; 0: none.")
+    training.add_argument("--adam_beta1", type=float, default=0.9, help="Adam's beta1 (default: 0.9).")
+    training.add_argument("--adam_beta2", type=float, default=0.999, help="Adam's beta2 (default: 0.999).")
+    training.add_argument("--adam_epsilon", type=float, default=1e-8, help="Adam's epsilon (default: 1e-8).")
+    training.add_argument("--short_sequence_length", type=positive_int, help="Sequence-length warmup: for the first "
+                          "--short_sequence_ratio of the steps, cut every sequence into pieces this long (it must "
+                          "divide the shards' length), with as many tokens a step; then train at full length.")
+    training.add_argument("--short_sequence_ratio", type=float, default=0.5, help="Share of the steps at "
+                          "--short_sequence_length (default: 0.5).")
+    training.add_argument("--gradient_accumulation_steps", type=positive_int, default=1, help="Split each replica's "
+                          "batch into this many micro-batches and add up their gradients: the same optimizer step in "
+                          "less memory (default: 1).")
+    training.add_argument("--seed", type=int, default=42, help="Seed for shuffling, masking and initialisation.")
+    training.add_argument("--mlm_head", choices=("sparse", "full"), default="sparse", help="sparse (default): LM head "
+                          "at the masked positions only, the same loss for less work; full: logits everywhere.")
+    training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
+    training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
+    training.add_argument("--steps_per_execution", type=positive_int, default=1, help="Steps per tf.function call.")
+    training.add_argument("--save_steps", type=non_negative_int, default=1000, help="Checkpoint every this many steps "
+                          "and at epoch ends (0: those only); rerun the command to resume (default: 1000).")
+    training.add_argument("--save_total_limit", type=positive_int, default=3, help="Checkpoints kept (default: 3).")
+    training.add_argument("--logging_steps", type=positive_int, default=50, help="Log training figures "
+                          "to TensorBoard (<output_dir>/logs) every this many steps; evaluation: each epoch.")
+    training.add_argument("--hub_model_id", help="Push model, tokenizer and card to this Hub repository (namespace/"
+                          "name; `hf auth login` or HF_TOKEN): a snapshot at each epoch end, then the final one.")
+    training.add_argument("--hub_private", action="store_true", help="Make the --hub_model_id repo private (if new).")
+    training.add_argument("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="At the end, "
+                          "wait this long (s) for the Hub uploads, then exit saying how to push later (default: 3600).")
+    hardware = parser.add_argument_group("hardware")
+    hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
+    hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
+    hardware.add_argument("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
+    hardware.add_argument("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
+    hardware.add_argument("--multi_worker", action="store_true", help="MultiWorkerMirroredStrategy: every machine runs "
+                          "this command with its own TF_CONFIG; worker 0 (or the chief) writes. Implies --no_tpu.")
+    hardware.add_argument("--cpu_replicas", type=positive_int, default=1, help="With --no_tpu and no GPU: split the "
+                          "CPU into this many mirrored replicas, to rehearse a TPU's multi-replica path (default: 1).")
+    return parser.parse_args(argv)
+
+
 def build_strategy(args):
     """TPUStrategy unless --no_tpu; otherwise mirrored over the visible GPUs, or the default strategy on CPU."""
     import tensorflow as tf
@@ -411,76 +481,6 @@ def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_pe
     return logs
 
 
-def parse_args(argv=None):
-    parser = OneLineErrorParser(description="Pretrain a masked language model from scratch on TFRecord shards.")
-    data = parser.add_argument_group("data")
-    data.add_argument("--train_dataset", required=True, help="Folder of train shards (local or gs://).")
-    data.add_argument("--eval_dataset", help="Folder of evaluation shards (local or gs://); optional.")
-    data.add_argument("--tokenizer", required=True, help="Tokenizer folder or Hub id (from train_unigram.py).")
-    data.add_argument("--max_length", type=int, help="Sequence length; must equal the shards' (default: theirs).")
-    data.add_argument("--mlm_probability", type=float, default=0.15, help="Share of tokens masked (default: 0.15).")
-    data.add_argument("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled together.")
-    data.add_argument("--whole_word_masking", action="store_true", help="Train on whole words masked: a word's pieces "
-                      "are chosen together (evaluation keeps token masking, so runs compare).")
-    model = parser.add_argument_group("model")
-    model.add_argument("--pretrained_model_config", help="Config to start from: Hub id, local folder or JSON file; "
-                       "never weights. Default: RoBERTa-base's architecture (transformers' RobertaConfig()).")
-    model.add_argument("--config_overrides", help="Comma-separated config changes, e.g. "
-                       "hidden_size=256,num_hidden_layers=4,num_attention_heads=4")
-    model.add_argument("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
-    training = parser.add_argument_group("training")
-    training.add_argument("--output_dir", required=True, help="Where the model and tokenizer are saved.")
-    training.add_argument("--overwrite_output_dir", action="store_true", help="Replace a finished run there.")
-    training.add_argument("--no_pytorch_export", action="store_true", help="Save the TF weights only, without "
-                          "--output_dir/pytorch: a copy for transformers 5 (roberta, roberta-prelayernorm, bert).")
-    training.add_argument("--per_replica_batch_size", type=positive_int, default=8, help="Sequences per replica.")
-    training.add_argument("--num_epochs", type=positive_int, default=1, help="Passes over the train shards "
-                          "(default: 1); --max_steps overrides it.")
-    training.add_argument("--max_steps", type=positive_int, help="Optimizer steps to run in all, overriding "
-                          "--num_epochs: the data repeats as needed and the last epoch may end part-way.")
-    training.add_argument("--learning_rate", type=float, default=1e-4, help="Peak learning rate (default: 1e-4).")
-    training.add_argument("--weight_decay_rate", type=float, default=0.01, help="AdamW decay (default: 0.01).")
-    training.add_argument("--warmup_ratio", type=float, default=0.05, help="Share of steps for warmup.")
-    training.add_argument("--max_grad_norm", type=float, default=0.0, help="Global gradient norm clip; 0: none.")
-    training.add_argument("--adam_beta1", type=float, default=0.9, help="Adam's beta1 (default: 0.9).")
-    training.add_argument("--adam_beta2", type=float, default=0.999, help="Adam's beta2 (default: 0.999).")
-    training.add_argument("--adam_epsilon", type=float, default=1e-8, help="Adam's epsilon (default: 1e-8).")
-    training.add_argument("--short_sequence_length", type=positive_int, help="Sequence-length warmup: for the first "
-                          "--short_sequence_ratio of the steps, cut every sequence into pieces this long (it must "
-                          "divide the shards' length), with as many tokens a step; then train at full length.")
-    training.add_argument("--short_sequence_ratio", type=float, default=0.5, help="Share of the steps at "
-                          "--short_sequence_length (default: 0.5).")
-    training.add_argument("--gradient_accumulation_steps", type=positive_int, default=1, help="Split each replica's "
-                          "batch into this many micro-batches and add up their gradients: the same optimizer step in "
-                          "less memory (default: 1).")
-    training.add_argument("--seed", type=int, default=42, help="Seed for shuffling, masking and initialisation.")
-    training.add_argument("--mlm_head", choices=("sparse", "full"), default="sparse", help="sparse (default): LM head "
-                          "at the masked positions only, the same loss for less work; full: logits everywhere.")
-    training.add_argument("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
-    training.add_argument("--jit_compile", action="store_true", help="Compile the train step with XLA.")
-    training.add_argument("--steps_per_execution", type=positive_int, default=1, help="Steps per tf.function call.")
-    training.add_argument("--save_steps", type=non_negative_int, default=1000, help="Checkpoint every this many steps "
-                          "and at epoch ends (0: those only); rerun the command to resume (default: 1000).")
-    training.add_argument("--save_total_limit", type=positive_int, default=3, help="Checkpoints kept (default: 3).")
-    training.add_argument("--logging_steps", type=positive_int, default=50, help="Log training figures "
-                          "to TensorBoard (<output_dir>/logs) every this many steps; evaluation: each epoch.")
-    training.add_argument("--hub_model_id", help="Push model, tokenizer and card to this Hub repository (namespace/"
-                          "name; `hf auth login` or HF_TOKEN): a snapshot at each epoch end, then the final one.")
-    training.add_argument("--hub_private", action="store_true", help="Make the --hub_model_id repo private (if new).")
-    training.add_argument("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="At the end, "
-                          "wait this long (s) for the Hub uploads, then exit saying how to push later (default: 3600).")
-    hardware = parser.add_argument_group("hardware")
-    hardware.add_argument("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM (default).")
-    hardware.add_argument("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
-    hardware.add_argument("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
-    hardware.add_argument("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
-    hardware.add_argument("--multi_worker", action="store_true", help="MultiWorkerMirroredStrategy: every machine runs "
-                          "this command with its own TF_CONFIG; worker 0 (or the chief) writes. Implies --no_tpu.")
-    hardware.add_argument("--cpu_replicas", type=positive_int, default=1, help="With --no_tpu and no GPU: split the "
-                          "CPU into this many mirrored replicas, to rehearse a TPU's multi-replica path (default: 1).")
-    return parser.parse_args(argv)
-
-
 def check_args(args):
     """What argparse cannot check alone: ranges, and flags that go together or exclude each other."""
     if args.max_length is not None and args.max_length <= 1:
@@ -548,7 +548,8 @@ def main(args):
     card = functools.partial(  # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         model_card.model_card, args, config, tokenizer, (train_manifest, eval_manifest), global_batch_size,
         (total_steps, steps_per_epoch))  # fmt: skip
-    # Made before anything is written or built: a Hub that cannot be used should stop the run now.
+    # Made first: an unusable Hub stops the run now. It replaces the 🤗 TPU example's PushToHubCallback, which in
+    # transformers 4.57 clones the repository with git into --output_dir (never gs://) and has hung at the end.
     pusher = hub.HubPusher(args.hub_model_id, args.hub_private, args.output_dir, tokenizer, not args.no_pytorch_export,
                            card, args.hub_push_timeout) if args.hub_model_id and chief else None  # fmt: skip
     if chief:  # start afresh, or check that the checkpoints there are this run's (then training resumes)
