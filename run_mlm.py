@@ -523,11 +523,11 @@ def main(args):
     storage.check_gcs_paths({"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset,
                              "--output_dir": args.output_dir}, writable=["--output_dir"])  # else one line, soon
     with tf_startup.tensorflow_startup_log_held_back():
-        strategy = build_strategy(args)  # first: logical CPU replicas must be set before TF starts its runtime
+        checkpoints.check_output_dir(args.output_dir, args.overwrite_output_dir)  # refused before the TPU's set-up
+        strategy = build_strategy(args)  # before anything runs: logical CPU replicas are set before TF's runtime
     import tensorflow as tf
     import tf_keras
 
-    checkpoints.check_output_dir(args.output_dir, args.overwrite_output_dir)
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True)
     train_manifest, eval_manifest = contract.read_training_manifests(  # checked against flags and tokenizer
         args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length)

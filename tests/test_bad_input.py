@@ -485,6 +485,22 @@ def test_run_mlm_output_under_a_file(run_script, shards_dir, tokenizer_dir, tmp_
     refused(run_script, "run_mlm.py", args, tmp_path, output_dir)
 
 
+def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
+    shards_dir, tokenizer_dir, tmp_path, monkeypatch
+):
+    """On a TPU VM, building the strategy initialises the TPU system: a bad --output_dir is refused first."""
+
+    def no_strategy_yet(args):
+        raise AssertionError("the strategy was built before --output_dir was checked")
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    monkeypatch.setattr(run_mlm, "build_strategy", no_strategy_yet)
+    args = mlm_args(shards_dir / "train", tokenizer_dir, a_file / "model")
+    with pytest.raises(run_mlm.UsageError, match="a_file"):
+        run_mlm.main(run_mlm.parse_args([str(arg) for arg in args]))
+
+
 def test_run_mlm_tokenizer_folder_without_a_tokenizer(run_script, shards_dir, tmp_path):
     empty = tmp_path / "tokenizer"
     empty.mkdir()
