@@ -37,7 +37,7 @@ from mlm_pipeline import checkpoints, contract, hosts, hub, model_card, model_fo
 from mlm_pipeline.contract import FEATURE_NAME
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, first_line
 from mlm_pipeline.errors import non_negative_int, positive_int
-from mlm_pipeline.pytorch_export import FIXED_PADDING_INDEX_MODELS, check_pytorch_export
+from mlm_pipeline.pytorch_export import check_padding_index, check_pytorch_export
 
 
 def parse_args(argv=None):
@@ -305,13 +305,7 @@ def build_config(args, tokenizer, max_length):
     config.eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     config.cls_token_id, config.sep_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     config.mask_token_id = tokenizer.mask_token_id
-    if config.model_type in FIXED_PADDING_INDEX_MODELS and tokenizer.pad_token_id != 1:
-        raise UsageError(
-            f"the tokenizer's pad token {tokenizer.pad_token!r} has id {tokenizer.pad_token_id}, but transformers' "
-            f"TF {config.model_type} numbers positions from a padding index fixed at 1 (its PyTorch twin uses "
-            "pad_token_id), so the model would differ between frameworks; retrain the tokenizer with "
-            "train_unigram.py, which puts <pad> at id 1."
-        )
+    check_padding_index(config.model_type, tokenizer.pad_token_id, tokenizer.pad_token)
     # RoBERTa numbers positions from pad_token_id + 1, so its table needs max_length + pad + 1 rows; other models
     # need max_length. The larger bound serves both.
     config.max_position_embeddings = max(config.max_position_embeddings, max_length + tokenizer.pad_token_id + 1)

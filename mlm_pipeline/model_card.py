@@ -80,6 +80,10 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
     clipping = f"gradients clipped to global norm {args.max_grad_norm:g}" if args.max_grad_norm else "no clipping"
     name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
     where = args.hub_model_id or public_name(args.output_dir)
+    copy_first = []
+    if is_remote(where):  # transformers loads Hub ids and local folders, not gs://: copy the folder here first
+        copy_first = [f"# first: gsutil -m cp -r {where.rstrip('/')} .", ""]
+        where = where.rstrip("/").rsplit("/", 1)[-1]
     mask = tokenizer.mask_token
 
     def number(key, digits=4):
@@ -127,6 +131,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         "## Usage",
         "",
         "```python",
+        *copy_first,
         "from transformers import pipeline",
         "",
         f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf", dtype=None)  # transformers 4.x, TF',
@@ -136,6 +141,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         "With transformers 5 and PyTorch:",
         "",
         "```python",
+        *copy_first,
         "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
         "",
         f'model = AutoModelForMaskedLM.from_pretrained("{where}", subfolder="{PYTORCH_DIR}")',

@@ -200,6 +200,9 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert f"{contract.CHECKPOINT_DIR}/{contract.RUN_SETTINGS_NAME}" in names
     # One row per epoch: the killed run wrote the first, its rerun appended the second (an append on gs://
     # rewrites the whole object).
+    card = gcs.download(BUCKET, f"{run}/README.md").decode()  # its usage snippet loads a folder, not gs://
+    assert f"# first: gsutil -m cp -r gs://{BUCKET}/{run} ." in card and f'model="{run}"' in card
+    assert f'"gs://{BUCKET}/{run}", ' not in card
     log = gcs.download(BUCKET, f"{run}/{contract.TRAINING_LOG_NAME}").decode().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"], log
 
