@@ -18,15 +18,16 @@ PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
 FIXED_PADDING_INDEX_MODELS = ("roberta", "roberta-prelayernorm", "xlm-roberta", "camembert", "longformer", "mpnet")
 
 
-def check_padding_index(model_type, pad_token_id, pad_token=None):
+def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
     """TF RoBERTa (and its kin) numbers positions from a padding index fixed at 1, PyTorch RoBERTa from
     pad_token_id: with another pad id every position would shift between the two frameworks."""
     if model_type in FIXED_PADDING_INDEX_MODELS and pad_token_id != 1:
         token = f"pad token {pad_token!r}" if pad_token is not None else "pad token"
+        remedy = remedy or "retrain the tokenizer with train_unigram.py, which puts <pad> at id 1"
         raise UsageError(
             f"the tokenizer's {token} has id {pad_token_id}, but transformers' TF {model_type} numbers positions "
             "from a padding index fixed at 1 (its PyTorch twin uses pad_token_id), so the model would differ "
-            "between frameworks; retrain the tokenizer with train_unigram.py, which puts <pad> at id 1."
+            f"between frameworks; {remedy}."
         )
 
 
@@ -57,7 +58,8 @@ def pytorch_state_dict(masked_lm):
     from transformers.modeling_tf_pytorch_utils import TransposeType, convert_tf_weight_name_to_pt_weight_name
 
     config = masked_lm.config
-    check_padding_index(config.model_type, config.pad_token_id)  # build_config refused it already; never write it
+    # build_config() refused such a model already; never write its copy
+    check_padding_index(config.model_type, config.pad_token_id, remedy="rerun with --no_pytorch_export")
     state_dict = {}
     for weight in masked_lm.weights:
         name, transpose = convert_tf_weight_name_to_pt_weight_name(weight.name, tf_weight_shape=weight.shape)
