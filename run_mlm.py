@@ -141,6 +141,7 @@ def max_predictions(max_length, mlm_probability):
     return max(1, math.ceil(max_length * mlm_probability))
 
 
+@functools.cache  # once per tokenizer, not once per input pipeline and phase
 def word_start_table(tokenizer):
     """[vocabulary] booleans: does this piece begin a word? From the vocabulary's own markers: "▁" begins one in
     SentencePiece-style vocabularies (this project's), "Ġ" in byte-level BPE; in WordPiece "##" continues one."""
@@ -334,6 +335,9 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
     import tensorflow as tf
     import tf_keras
 
+    def masked_count(labels):  # the batch's masked positions (at least 1): the loss is their mean
+        return tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(labels, -100), tf.float32)), 1.0)
+
     class MaskedLMTrainer(tf_keras.Model):
         def __init__(self):
             super().__init__()
@@ -377,7 +381,7 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
         def train_step(self, data):
             """One optimizer step on the mean loss over the batch's masked positions, from N micro-batches."""
             features, labels = data
-            count = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(labels, -100), tf.float32)), 1.0)
+            count = masked_count(labels)
             # Each replica's gradients are summed across replicas, so each contributes its share.
             scale = 1.0 / (count * tf.distribute.get_strategy().num_replicas_in_sync)
             if accumulation_steps == 1:
@@ -408,7 +412,7 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
 
         def test_step(self, data):
             features, labels = data
-            count = tf.maximum(tf.reduce_sum(tf.cast(tf.not_equal(labels, -100), tf.float32)), 1.0)
+            count = masked_count(labels)
             self.loss_tracker.update_state(self.summed_loss_and_metrics(features, labels, training=False) / count)
             return {metric.name: metric.result() for metric in self.metrics}
 
