@@ -178,39 +178,6 @@ FLAG_CASES = [
         PREPARE + " --direct_num_workers 2",
         "--direct_num_workers 2", "--runner", exit_code=2,
     ),  # fmt: skip
-    case(
-        "prepare: an option neither ours nor Beam's",
-        PREPARE + " --runner DirectRunner --direct_num_wokers 2",
-        "--direct_num_wokers",
-    ),  # fmt: skip
-    case(
-        "prepare: --runner with a Hub dataset",
-        "prepare_tfrecord_shards.py --tokenizer_name_or_path {tokenizer} --output_dir {out} --runner DirectRunner",
-        "--runner", "wikitext/wikitext-103-raw-v1", "--train_file",
-    ),  # fmt: skip
-    case(
-        "prepare: Dataflow without --temp_location",
-        PREPARE + " --runner DataflowRunner --project p --region r",
-        "DataflowRunner", "--temp_location gs://",
-    ),  # fmt: skip
-    case(
-        "prepare: Dataflow writing to this machine",
-        PREPARE + " --runner DataflowRunner --temp_location gs://bucket/tmp --setup_file ./setup.py",
-        "--output_dir {out}", "Cloud Storage",
-    ),  # fmt: skip
-    case(
-        "prepare: Dataflow with a local tokenizer",
-        "prepare_tfrecord_shards.py --train_file gs://bucket/corpus/*.txt --tokenizer_name_or_path {tokenizer} "
-        "--output_dir gs://bucket/shards --runner DataflowRunner --temp_location gs://bucket/tmp "
-        "--setup_file ./setup.py",
-        "--tokenizer_name_or_path {tokenizer}", "gs://", "Hub",
-    ),  # fmt: skip
-    case(
-        "prepare: Dataflow without this package",
-        "prepare_tfrecord_shards.py --train_file gs://bucket/corpus/*.txt --tokenizer_name_or_path my-user/tok "
-        "--output_dir gs://bucket/shards --runner DataflowRunner --temp_location gs://bucket/tmp",
-        "--setup_file ./setup.py",
-    ),  # fmt: skip
     # run_mlm.py
     case(
         "run_mlm: no --train_dataset",

@@ -202,3 +202,50 @@ def test_a_glob_is_read_in_sorted_order_and_refused_when_it_matches_nothing(corp
     assert [os.path.basename(path) for path in files] == ["part-a.txt", "part-b.txt", "part-c.txt"]
     with pytest.raises(corpus.UsageError, match=r"--train_file .*/nothing-\*\.txt matches no file"):
         corpus.input_files(str(corpus_files / "nothing-*.txt"), "--train_file")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pipeline options refused before anything runs (in this process: Dataflow's runner takes seconds to import,
+# once; tests/test_bad_input.py shows, with an unknown runner, that the refusal is one line)
+
+DATAFLOW = ["--runner", "DataflowRunner", "--temp_location", "gs://bucket/tmp", "--setup_file", "./setup.py"]
+REMOTE = ["--train_file", "gs://bucket/corpus/*.txt", "--output_dir", "gs://bucket/shards"]
+OPTION_CASES = [
+    pytest.param(
+        ["--runner", "DirectRunner", "--direct_num_wokers", 2], ["--direct_num_wokers", "spelling"],
+        id="an option neither ours nor Beam's",
+    ),
+    pytest.param(
+        ["--runner", "DataflowRunner", "--project", "p", "--region", "r"], ["DataflowRunner", "--temp_location gs://"],
+        id="Dataflow without --temp_location",
+    ),
+    pytest.param(DATAFLOW, ["--output_dir {out}", "Cloud Storage"], id="Dataflow writing to this machine"),
+    pytest.param(
+        [*DATAFLOW, *REMOTE], ["--tokenizer_name_or_path {tokenizer}", "gs://", "Hub"],
+        id="Dataflow with a local tokenizer",
+    ),
+    pytest.param(
+        [*DATAFLOW[:4], *REMOTE, "--tokenizer_name_or_path", "my-user/tok"], ["--setup_file ./setup.py"],
+        id="Dataflow without this package",
+    ),
+    pytest.param(
+        ["--runner", "DirectRunner", "--train_file", None], ["--runner", "wikitext/wikitext-103-raw-v1", "--train_file"],
+        id="--runner with a Hub dataset",
+    ),
+]
+
+
+@pytest.mark.parametrize("flags, needles", OPTION_CASES)
+def test_pipeline_options_are_checked_before_any_work(corpus_files, tokenizer_dir, tmp_path, flags, needles):
+    argv = prepare_argv(corpus_files / "part-a.txt", tokenizer_dir, tmp_path / "out")
+    for index in range(0, len(flags), 2):  # later flags replace earlier ones; None drops the flag
+        flag, value = flags[index], flags[index + 1]
+        if flag in argv:
+            del argv[argv.index(flag) : argv.index(flag) + 2]
+        if value is not None:
+            argv += [flag, value]
+    with pytest.raises(prepare.UsageError) as refusal:
+        run_in_process(argv)
+    for needle in needles:
+        assert needle.format(out=tmp_path / "out", tokenizer=tokenizer_dir) in str(refusal.value)
+    assert not (tmp_path / "out").exists()
