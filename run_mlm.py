@@ -22,8 +22,8 @@ The saved folder loads with `pipeline("fill-mask", model=output_dir)`, its pytor
     TF_CONFIG='{"cluster": {"worker": ["10.0.0.1:12345", "10.0.0.2:12345"]}, "task": {"type": "worker", "index": 0}}' \
         python run_mlm.py --multi_worker --train_dataset gs://my-bucket/shards/train ...
 
-After an interruption, run the same command again: it resumes from the newest checkpoint. README.md lists what
-a run leaves in --output_dir; the plumbing (hosts, checkpoints, logs, export, Hub) is in mlm_pipeline/.
+After an interruption, run the same command again: it resumes from its newest checkpoint. README.md lists what a
+run leaves in --output_dir; the plumbing (hosts, checkpoints, logs, export, Hub) is in mlm_pipeline/.
 """
 
 import functools
@@ -38,6 +38,15 @@ from mlm_pipeline.contract import FEATURE_NAME
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, first_line
 from mlm_pipeline.errors import non_negative_int, positive_int
 from mlm_pipeline.pytorch_export import check_padding_index, check_pytorch_export
+
+
+# Flags that shape the batches and the optimizer: a checkpoint's step means something else under other values,
+# so a resumed run must have the same (--gradient_accumulation_steps may change: the same steps, less memory).
+RESUME_SETTINGS = ("seed", "learning_rate", "mlm_probability", "whole_word_masking", "shuffle_buffer_size",
+                   "warmup_ratio", "weight_decay_rate", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon",
+                   "short_sequence_length", "short_sequence_ratio")  # fmt: skip
+CARD_SETTINGS = ("per_replica_batch_size", "gradient_accumulation_steps", "mlm_head", "bfloat16")  # and those above
+CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "tokenizer")
 
 
 def parse_args(argv=None):
@@ -248,11 +257,8 @@ def build_dataset(files, tokenizer, args, max_length, batch_size, training, star
         )  # fmt: skip
         if training:
             blocks = records.batch(args.shuffle_buffer_size).enumerate()
-            records = blocks.flat_map(
-                lambda block, serialized: tf.data.Dataset.from_tensor_slices(
-                    tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
-                )
-            )
+            records = blocks.flat_map(lambda block, serialized: tf.data.Dataset.from_tensor_slices(
+                tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))))  # fmt: skip
         batches = records.batch(batch_size, drop_remainder=True)
         if batches_per_epoch is not None:
             batches = batches.take(batches_per_epoch)
@@ -307,8 +313,7 @@ def build_config(args, tokenizer, max_length):
     config.cls_token_id, config.sep_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     config.mask_token_id = tokenizer.mask_token_id
     check_padding_index(config.model_type, tokenizer.pad_token_id, tokenizer.pad_token)
-    # RoBERTa numbers positions from pad_token_id + 1, so its table needs max_length + pad + 1 rows; other models
-    # need max_length. The larger bound serves both.
+    # RoBERTa numbers positions from pad_token_id + 1 (max_length + pad + 1 rows), others from 0: both fit.
     config.max_position_embeddings = max(config.max_position_embeddings, max_length + tokenizer.pad_token_id + 1)
     if not args.no_pytorch_export:
         check_pytorch_export(config)  # a config the PyTorch copy cannot be written for is refused now, not at the end
@@ -431,8 +436,7 @@ def build_model(config, args, total_steps, strategy, mask_token_id):
         masked_lm = TFAutoModelForMaskedLM.from_config(config)
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
         trainer = masked_lm_trainer(masked_lm, args.mlm_head, mask_token_id, args.gradient_accumulation_steps)
-        # AdamW, linear warmup then linear decay to 0; no decay on biases and layer norms; the gradients of all
-        # replicas clipped together to --max_grad_norm.
+        # AdamW, linear warmup then decay to 0, none on biases and layer norms; all replicas' gradients clipped.
         optimizer, _ = create_optimizer(
             args.learning_rate, total_steps, int(args.warmup_ratio * total_steps), adam_beta1=args.adam_beta1,
             adam_beta2=args.adam_beta2, adam_epsilon=args.adam_epsilon, adam_global_clipnorm=args.max_grad_norm or None,
@@ -499,8 +503,7 @@ def check_args(args):
                          f"--per_replica_batch_size {args.per_replica_batch_size} into equal micro-batches.")
     args.no_tpu = args.no_tpu or args.multi_worker
     if args.cpu_replicas > 1 and args.multi_worker:
-        raise UsageError(f"--cpu_replicas {args.cpu_replicas} splits one machine; it cannot be combined with "
-                         "--multi_worker.")
+        raise UsageError(f"--cpu_replicas {args.cpu_replicas} splits one machine; it cannot go with --multi_worker.")
     if args.cpu_replicas > 1 and not args.no_tpu:
         raise UsageError(f"--cpu_replicas {args.cpu_replicas} only applies with --no_tpu.")
     if args.cpu_replicas > 1 and args.jit_compile:
@@ -543,16 +546,16 @@ def main(args):
     config = build_config(args, tokenizer, max_length)
     chief = hosts.is_chief(strategy)  # the one process that writes; the other workers train in lockstep
 
+    recipe, paths = ({flag: getattr(args, flag) for flag in flags} for flags in (RESUME_SETTINGS, CARD_PATHS))
     card = functools.partial(  # card(trainer, metrics): the model card after the steps `trainer` has taken so far
-        model_card.model_card, args, config, tokenizer, (train_manifest, eval_manifest), global_batch_size,
-        (total_steps, steps_per_epoch))  # fmt: skip
+        model_card.model_card, config, tokenizer, (train_manifest, eval_manifest), global_batch_size,
+        (total_steps, steps_per_epoch), paths=paths, recipe={**recipe, **{f: getattr(args, f) for f in CARD_SETTINGS}})
     # Made first: an unusable Hub stops the run now. It replaces the 🤗 TPU example's PushToHubCallback, which in
     # transformers 4.57 clones the repository with git into --output_dir (never gs://) and has hung at the end.
     pusher = hub.HubPusher(args.hub_model_id, args.hub_private, args.output_dir, tokenizer, not args.no_pytorch_export,
                            card, args.hub_push_timeout) if args.hub_model_id and chief else None  # fmt: skip
     if chief:  # start afresh, or check that the checkpoints there are this run's (then training resumes)
-        settings = checkpoints.run_settings(config, train_manifest, global_batch_size, total_steps,
-                                            **{flag: getattr(args, flag) for flag in checkpoints.RUN_FLAGS})
+        settings = checkpoints.run_settings(config, train_manifest, global_batch_size, total_steps, recipe)
         checkpoints.prepare_output_dir(args.output_dir, args.overwrite_output_dir, settings)
     hosts.wait_for_every_worker(strategy)  # nobody reads the checkpoints while the chief may still be clearing them
 
@@ -570,8 +573,7 @@ def main(args):
         manager = checkpoints.scratch_manager(manager)
     tokens_per_step = global_batch_size * max_length
     try:
-        logs = fit_exact_steps(
-            trainer, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup,
+        logs = fit_exact_steps(trainer, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup,
             validation_data=eval_dataset, validation_steps=eval_steps or None,
             callbacks=checkpoints.fit_callbacks(args.output_dir, args.save_steps, args.logging_steps, chief, pusher,
                                                 manager, total_steps, tokens_per_step),

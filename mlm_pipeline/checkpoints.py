@@ -52,17 +52,11 @@ def check_output_dir(output_dir, overwrite_output_dir):
         )
 
 
-# run_mlm.py's flags that shape the stream of batches and the optimizer: a checkpoint's step means something else
-# under other values. (--gradient_accumulation_steps may change: it gives the same steps in less memory.)
-RUN_FLAGS = ("seed", "learning_rate", "mlm_probability", "whole_word_masking", "shuffle_buffer_size", "warmup_ratio",
-             "weight_decay_rate", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "short_sequence_length",
-             "short_sequence_ratio")
-
-
-def run_settings(config, train_manifest, global_batch_size, total_steps, **flags):
+def run_settings(config, train_manifest, global_batch_size, total_steps, recipe):
     """What a checkpoint's step number means: resuming under other settings would continue another run.
 
-    `flags`: the flags that shape the stream of batches and the optimizer (seed, masking, shuffling, schedule).
+    `recipe`: the settings, by name, that shape the stream of batches and the optimizer (seed, masking,
+    shuffling, schedule).
     """
     architecture = {key: value for key, value in config.to_dict().items() if key != "transformers_version"}
     settings = {
@@ -70,7 +64,7 @@ def run_settings(config, train_manifest, global_batch_size, total_steps, **flags
         "max_length": train_manifest["max_length"],
         "global_batch_size": global_batch_size,
         "total_steps": total_steps,
-        **flags,
+        **recipe,
         "config": architecture,
     }
     return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)

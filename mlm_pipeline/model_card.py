@@ -63,23 +63,30 @@ def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
     )
 
 
-def model_card(args, config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics):
+def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics, *, paths, recipe):
     """run_mlm.py's model card (README.md): what the model is, its data, its settings and its results so far.
 
-    `args` are run_mlm.py's flags, as the card reports them; `manifests` the train and evaluation manifests
-    (the second may be None); `planned_steps` the run's (total steps, steps per epoch); `trainer` the fitted
-    model (its optimizer counts the steps taken, in this process or before a resume) and `metrics` the figures
-    of the latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
+    `manifests`: the train and evaluation manifests (the second may be None); `planned_steps` the run's (total
+    steps, steps per epoch); `trainer` the fitted model (its optimizer counts the steps taken, in this process
+    or before a resume) and `metrics` the figures of the latest epoch as fit() logs them: loss,
+    masked_accuracy, ... and their val_ twins. `paths`: where the model goes (hub_model_id, output_dir) and what
+    it was trained from (train_dataset, eval_dataset, tokenizer). `recipe`: the training settings, by name, as
+    the card reports them (learning_rate, warmup_ratio, max_grad_norm, adam_beta1/2, adam_epsilon,
+    weight_decay_rate, mlm_probability, whole_word_masking, mlm_head, bfloat16, seed, per_replica_batch_size,
+    gradient_accumulation_steps, short_sequence_length, short_sequence_ratio).
     """
-
     train_manifest, eval_manifest = manifests
     total_steps, steps_per_epoch = planned_steps
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
-    warmup_steps = int(args.warmup_ratio * total_steps)
-    clipping = f"gradients clipped to global norm {args.max_grad_norm:g}" if args.max_grad_norm else "no clipping"
-    name = args.hub_model_id or os.path.basename(args.output_dir.rstrip("/"))
-    where = args.hub_model_id or public_name(args.output_dir)
+    warmup_steps = int(recipe["warmup_ratio"] * total_steps)
+    clip, per_replica = recipe["max_grad_norm"], recipe["per_replica_batch_size"]
+    clipping = f"gradients clipped to global norm {clip:g}" if clip else "no clipping"
+    short_length, short_ratio = recipe["short_sequence_length"], recipe["short_sequence_ratio"]
+    accumulation = recipe["gradient_accumulation_steps"]
+    adam = f"β1 {recipe['adam_beta1']:g}, β2 {recipe['adam_beta2']:g}, ε {recipe['adam_epsilon']:g}"
+    name = paths["hub_model_id"] or os.path.basename(paths["output_dir"].rstrip("/"))
+    where = paths["hub_model_id"] or public_name(paths["output_dir"])
     copy_first = []
     if is_remote(where):  # transformers loads Hub ids and local folders, not gs://: copy the folder here first
         copy_first = [f"# first: gsutil -m cp -r {where.rstrip('/')} .", ""]
@@ -102,9 +109,9 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
             f"**Training in progress**: this snapshot was taken after step {steps:,} of {total_steps:,}. The "
             "weights and this card are replaced at every push, and by the final model at the end."
         )
-    data_rows = [("train", args.train_dataset, train_manifest)]
+    data_rows = [("train", paths["train_dataset"], train_manifest)]
     if eval_manifest is not None:
-        data_rows.append(("evaluation", args.eval_dataset, eval_manifest))
+        data_rows.append(("evaluation", paths["eval_dataset"], eval_manifest))
     data_table = "\n".join(
         f"| {split} | `{public_name(folder)}` | {public_name(manifest.get('source')) or '–'} | "
         f"{manifest['records']:,} | {manifest['records'] * manifest['max_length']:,} |"
@@ -157,7 +164,7 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         "",
         f"Each sequence holds {max_length} tokens, none of them padding. How the shards were packed, in their "
         f"manifest's words: {train_manifest.get('packing', 'not recorded')}. "
-        f"Tokenizer: `{public_name(args.tokenizer)}`, "
+        f"Tokenizer: `{public_name(paths['tokenizer'])}`, "
         f"{len(tokenizer):,} tokens in its vocabulary.",
         "",
         "## Training procedure",
@@ -168,24 +175,23 @@ def model_card(args, config, tokenizer, manifests, global_batch_size, planned_st
         f"| layers / hidden size / attention heads | {config.num_hidden_layers} / {config.hidden_size} / "
         f"{config.num_attention_heads} |",
         f"| feed-forward size / position embeddings | {config.intermediate_size} / {config.max_position_embeddings} |",
-        f"| batch | {global_batch_size} sequences of {max_length} tokens ({args.per_replica_batch_size} per replica, "
-        f"{global_batch_size // args.per_replica_batch_size} replica(s)) |",
+        f"| batch | {global_batch_size} sequences of {max_length} tokens ({per_replica} per replica, "
+        f"{global_batch_size // per_replica} replica(s)) |",
         f"| steps | {total_steps:,} = {total_steps / steps_per_epoch:.2f} epochs of {steps_per_epoch:,} steps |",
-        *([f"| sequence-length warmup | the first {args.short_sequence_ratio:g} of the steps on each sequence cut into "
-           f"pieces of {args.short_sequence_length} tokens, as many tokens a step |"] if args.short_sequence_length
+        *([f"| sequence-length warmup | the first {short_ratio:g} of the steps on each sequence cut into "
+           f"pieces of {short_length} tokens, as many tokens a step |"] if short_length
           else []),
-        *([f"| gradient accumulation | {args.gradient_accumulation_steps} micro-batches a step |"]
-          if args.gradient_accumulation_steps > 1 else []),
-        f"| optimizer | AdamW (β1 {args.adam_beta1:g}, β2 {args.adam_beta2:g}, ε {args.adam_epsilon:g}), weight decay "
-        f"{args.weight_decay_rate} (not on biases and layer norms), {clipping} |",
-        f"| learning rate | peak {args.learning_rate:g}, linear warmup over {warmup_steps:,} steps "
-        f"({args.warmup_ratio:g} of them), then linear decay to 0 |",
-        f"| masking | {args.mlm_probability:.0%} of the non-special tokens of each sequence"
-        f"{', chosen as whole words' if args.whole_word_masking else ''}: 80% become `{mask}`, 10% a random token, "
-        "10% stay; new masks every epoch |",
-        f"| loss | cross-entropy at the masked positions ({args.mlm_head} LM head) |",
-        f"| precision | {'mixed bfloat16' if args.bfloat16 else 'float32'} |",
-        f"| seed | {args.seed} |",
+        *([f"| gradient accumulation | {accumulation} micro-batches a step |"] if accumulation > 1 else []),
+        f"| optimizer | AdamW ({adam}), weight decay {recipe['weight_decay_rate']} (not on biases and layer "
+        f"norms), {clipping} |",
+        f"| learning rate | peak {recipe['learning_rate']:g}, linear warmup over {warmup_steps:,} steps "
+        f"({recipe['warmup_ratio']:g} of them), then linear decay to 0 |",
+        f"| masking | {recipe['mlm_probability']:.0%} of the non-special tokens of each sequence"
+        f"{', chosen as whole words' if recipe['whole_word_masking'] else ''}: 80% become `{mask}`, 10% a random "
+        "token, 10% stay; new masks every epoch |",
+        f"| loss | cross-entropy at the masked positions ({recipe['mlm_head']} LM head) |",
+        f"| precision | {'mixed bfloat16' if recipe['bfloat16'] else 'float32'} |",
+        f"| seed | {recipe['seed']} |",
         "",
         "## Results",
         "",
