@@ -53,10 +53,10 @@ def main():
     print(f"Machine: {describe_machine()}")
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
-    flags = argparse.Namespace(
-        seed=0, shuffle_buffer_size=args.shuffle_buffer_size, mlm_probability=args.mlm_probability,
-        whole_word_masking=False,
-    )
+    flags = run_mlm.parse_args([
+        "--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer, "--output_dir", "unused", "--seed", "0",
+        "--shuffle_buffer_size", str(args.shuffle_buffer_size), "--mlm_probability", str(args.mlm_probability),
+    ])  # fmt: skip  (run_mlm.py's own flags and defaults)
     dataset = run_mlm.build_dataset(
         manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
     )

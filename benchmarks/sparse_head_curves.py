@@ -40,14 +40,13 @@ def train(head, args, tokenizer, manifest):
     import tensorflow as tf
     import tf_keras
 
-    flags = argparse.Namespace(
-        seed=0, shuffle_buffer_size=10000, mlm_probability=0.15, mlm_head=head, jit_compile=False,
-        learning_rate=args.learning_rate, warmup_ratio=0.05, weight_decay_rate=0.01, steps_per_execution=1,
-        per_replica_batch_size=args.batch_size, bfloat16=False, pretrained_model_config=None,
-        trust_remote_code=False, tokenizer=args.tokenizer, whole_word_masking=False, no_pytorch_export=True,
-        gradient_accumulation_steps=1, max_grad_norm=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-        config_overrides=",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size"),
-    )  # fmt: skip
+    overrides = ",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size")
+    flags = run_mlm.parse_args([
+        "--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer, "--output_dir", "unused",
+        "--seed", "0", "--shuffle_buffer_size", "10000", "--mlm_head", head, "--learning_rate", str(args.learning_rate),
+        "--warmup_ratio", "0.05", "--per_replica_batch_size", str(args.batch_size), "--no_pytorch_export",
+        "--config_overrides", overrides,
+    ])  # fmt: skip  (run_mlm.py's own flags; its defaults for the rest)
     tf_keras.utils.set_random_seed(0)  # the same initial weights for both heads
     config = run_mlm.build_config(flags, tokenizer, manifest["max_length"])
     dataset = run_mlm.build_dataset(

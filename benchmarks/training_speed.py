@@ -112,13 +112,12 @@ def build_variant(variant, config_values, batches, args):
             model.compile(optimizer=optimizer)  # no loss: the model's own, as the pipeline used to train
             elements = [({"input_ids": m, "labels": dense_labels(m, p, l)},) for m, p, l in batches]
         else:
-            flags = argparse.Namespace(
-                mlm_head="full" if variant == "full" else "sparse",
-                jit_compile="xla" in variant,
-                learning_rate=1e-4, warmup_ratio=0.0, weight_decay_rate=0.01, steps_per_execution=1,
-                bfloat16="bf16" in variant, gradient_accumulation_steps=1, max_grad_norm=0.0, adam_beta1=0.9,
-                adam_beta2=0.999, adam_epsilon=1e-8,
-            )  # fmt: skip
+            flags = run_mlm.parse_args([
+                "--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused",
+                "--mlm_head", "full" if variant == "full" else "sparse", "--learning_rate", "1e-4",
+                "--warmup_ratio", "0", *(["--jit_compile"] if "xla" in variant else []),
+                *(["--bfloat16"] if "bf16" in variant else []),
+            ])  # fmt: skip  (run_mlm.py's own flags; its defaults for the rest)
             _, model = run_mlm.build_model(config, flags, 10**6, tf.distribute.get_strategy(), MASK_ID)
             elements = [({"input_ids": m, "masked_positions": p}, l) for m, p, l in batches]
     finally:

@@ -1,4 +1,3 @@
-import argparse
 import math
 
 import numpy as np
@@ -144,9 +143,12 @@ def test_same_seed_same_masks_and_different_seed_different_masks(batch):
 
 
 def dataset_args(**overrides):
-    values = {"seed": 42, "shuffle_buffer_size": 1, "mlm_probability": 0.15, "whole_word_masking": False}
-    values.update(overrides)
-    return argparse.Namespace(**values)
+    """run_mlm.py's flags as its parser makes them, with a shuffle buffer of 1 unless overridden."""
+    flags = {"shuffle_buffer_size": 1, **overrides}
+    argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
+    for name, value in flags.items():
+        argv += [f"--{name}"] if value is True else [] if value is False else [f"--{name}", str(value)]
+    return run_mlm.parse_args(argv)
 
 
 def originals(masked, labels):
