@@ -188,6 +188,18 @@ def run_script():
     return run
 
 
+def files_in(folder):
+    """Every file under `folder`, hidden ones included, as {relative path: bytes}."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def assert_same_files(actual, expected):
+    """Two folders' files ({relative path: bytes}, as files_in gives them) are the same, byte for byte."""
+    assert sorted(actual) == sorted(expected)
+    different = [name for name in expected if actual[name] != expected[name]]
+    assert different == [], f"these files differ from the expected ones: {different}"
+
+
 def last_line(text):
     """The last non-empty line (tqdm's carriage returns count as line ends)."""
     lines = [line for line in text.splitlines() if line.strip()]

@@ -18,7 +18,7 @@ import time
 import pytest
 
 import prepare_tfrecord_shards as prepare
-from conftest import MAX_LENGTH, REPO, make_corpus_lines, subprocess_env
+from conftest import MAX_LENGTH, REPO, assert_same_files, files_in, make_corpus_lines, subprocess_env
 from mlm_pipeline import corpus
 
 IN_PROCESS = ["--runner", "DirectRunner"]
@@ -38,17 +38,6 @@ def prepare_argv(pattern, tokenizer_dir, output_dir, *extra):
         "--output_dir", output_dir,
         *extra,
     ]  # fmt: skip
-
-
-def files_in(folder):
-    """Every file under `folder`, hidden ones included, as {relative path: bytes}."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-def assert_same_files(actual, expected):
-    assert sorted(actual) == sorted(expected)
-    different = [name for name in expected if actual[name] != expected[name]]
-    assert different == [], f"these files differ from the single process's: {different}"
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import prepare_tfrecord_shards as prepare
-from conftest import MAX_LENGTH, REPO, make_corpus_lines, subprocess_env, write_lines
+from conftest import MAX_LENGTH, REPO, assert_same_files, files_in, make_corpus_lines, subprocess_env, write_lines
 
 SHARD_SIZE = 50  # the fixture corpus gives 7 shards of this size or less
 SHARD_NAME = re.compile(r"^train-\d{5}-\d{5}-\d+\.tfrecord$")
@@ -98,19 +98,6 @@ def run_killed(event, count, argv):
         command + [str(arg) for arg in argv], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
         timeout=300,
     )
-
-
-def files_in(folder):
-    """Every file under `folder`, hidden ones included, as {relative path: bytes}."""
-    return {
-        str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
-    }
-
-
-def assert_same_files(actual, expected):
-    assert sorted(actual) == sorted(expected)
-    different = [name for name in expected if actual[name] != expected[name]]
-    assert different == [], f"these files differ from an uninterrupted run's: {different}"
 
 
 @pytest.fixture(scope="module")
