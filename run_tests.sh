@@ -2,7 +2,7 @@
 # The test suite in one command, on CPU, offline: installs the pinned requirements (plus pytest) into .venv
 # unless a virtualenv or conda env is active, then runs pytest. Extra arguments go to pytest.
 #
-#   bash run_tests.sh                 # everything, about 8 minutes on 2 cores
+#   bash run_tests.sh                 # everything, one pytest worker per core: 7.5 minutes on 2 cores
 #   bash run_tests.sh -m smoke        # the end-to-end smoke test alone, about a minute: the line for your CI
 #   bash run_tests.sh --tpu           # the smoke test on TensorFlow's TPU build (requirements-tpu.txt, .venv-tpu)
 #   bash run_tests.sh -k masking      # one part
@@ -37,4 +37,6 @@ if [[ " $* " != *" -m smoke "* ]]; then
   [ -x .venv-transformers5/bin/python ] || "$python" -m venv .venv-transformers5
   .venv-transformers5/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-export-test.txt
 fi
-"$python" -m pytest tests "$@"
+# One worker process per core (pytest-xdist), each test file on one of them, so a file's shared fixtures (the
+# Cloud Storage emulator, a training run several tests read) are made once.
+"$python" -m pytest tests -n auto --dist loadfile "$@"
