@@ -446,7 +446,7 @@ def build_model(config, args, total_steps, strategy, mask_token_id):
 
 
 def sequence_length_warmup(args, max_length, total_steps):
-    """(steps on short pieces, pieces per sequence): the warmup's phase, cut from the shards as they are.
+    """(steps on short pieces, pieces per sequence): the short phase, cut from the shards as they are.
 
     On short sequences a [MASK] gets more of the attention (spread evenly at first) from its neighbours, and each
     position's embedding is trained by more sequences a step: a model learns to read its context sooner. BERT
@@ -464,16 +464,16 @@ def sequence_length_warmup(args, max_length, total_steps):
     return short_steps, pieces
 
 
-def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup=(0, 1),
+def fit_exact_steps(model, train_dataset_from, start_step, total_steps, steps_per_epoch, short_phase=(0, 1),
                     **fit_kwargs):  # fmt: skip
     """Run optimizer steps start_step .. total_steps with model.fit, evaluating at the end of every epoch.
 
     `train_dataset_from(step)` gives the training stream from that step on, so every fit() call continues the
     data (order and masks) exactly where the previous call, or the interrupted run, stopped. A run that starts
     or ends mid-epoch gets a fit() call of its own for that part (checkpoints.fit_segments says why), and so
-    does each phase of the sequence-length `warmup` (short_steps, pieces): within a call every shape is fixed.
+    does each phase of the sequence-length warmup, `short_phase` (short_steps, pieces): each call's shapes are fixed.
     """
-    logs, (short_steps, pieces) = {}, warmup
+    logs, (short_steps, pieces) = {}, short_phase
     for first_step, epoch, epochs, steps in checkpoints.fit_segments(start_step, total_steps, steps_per_epoch,
                                                                      phase_end=short_steps):
         dataset = train_dataset_from(first_step, pieces=pieces if first_step < short_steps else 1)
@@ -539,7 +539,7 @@ def main(args):
         strategy, pipeline_dataset, train_manifest, eval_manifest, args.per_replica_batch_size
     )
     total_steps = args.max_steps or args.num_epochs * steps_per_epoch  # --max_steps may end mid-epoch
-    warmup = sequence_length_warmup(args, max_length, total_steps)
+    short_phase = sequence_length_warmup(args, max_length, total_steps)  # not the learning rate's warmup
     global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
 
     tf_keras.utils.set_random_seed(args.seed)
@@ -573,7 +573,7 @@ def main(args):
         manager = checkpoints.scratch_manager(manager)
     tokens_per_step = global_batch_size * max_length
     try:
-        logs = fit_exact_steps(trainer, train_dataset_from, start_step, total_steps, steps_per_epoch, warmup,
+        logs = fit_exact_steps(trainer, train_dataset_from, start_step, total_steps, steps_per_epoch, short_phase,
             validation_data=eval_dataset, validation_steps=eval_steps or None,
             callbacks=checkpoints.fit_callbacks(args.output_dir, args.save_steps, args.logging_steps, chief, pusher,
                                                 manager, total_steps, tokens_per_step),
