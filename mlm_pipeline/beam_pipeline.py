@@ -36,6 +36,7 @@ import tempfile
 from . import corpus, packing, split_manifest
 from .contract import MANIFEST_NAME, TOKENIZER_FILE
 from .errors import UsageError
+from .storage import temporary_path
 
 DATAFLOW = "DataflowRunner"
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding mlm_pipeline/
@@ -211,7 +212,7 @@ def write_manifest(packed, split_dir, settings, packing_text):
         [summary for summary, _ in packed], sum(rows for _, rows in packed), settings, packing_text
     )
     path = f"{split_dir}/{MANIFEST_NAME}"
-    write_whole_file(f"{split_dir}/.{MANIFEST_NAME}.tmp", path, split_manifest.manifest_text(manifest).encode())
+    write_whole_file(temporary_path(path), path, split_manifest.manifest_text(manifest).encode())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os
 
 from .contract import MANIFEST_NAME
 from .errors import UsageError
-from .storage import write_whole
+from .storage import temporary_path, write_whole
 
 SHARD_FILES = ("*.tfrecord", ".*.tfrecord.tmp")  # shards, and shards still being written
 
@@ -44,11 +44,12 @@ def missing_folders(folder):
 
 def clear_split_dir(split_dir):
     """Create the split's folder and delete what this run replaces: a finished split's manifest first (so that
-    a folder interrupted halfway through no longer claims to hold one), then every shard."""
+    a folder interrupted halfway through no longer claims to hold one), a half-written one, then every shard."""
     import tensorflow as tf
 
     tf.io.gfile.makedirs(split_dir)
     remove_if_present(f"{split_dir}/{MANIFEST_NAME}")
+    remove_if_present(temporary_path(f"{split_dir}/{MANIFEST_NAME}"))  # a run killed while writing it
     remove_shards(split_dir)
 
 

@@ -21,13 +21,18 @@ def is_remote(path):
     return "://" in path
 
 
+def temporary_path(path):
+    """The hidden file beside `path` that it is written as before a rename puts it in place."""
+    folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
+    return f"{folder}/.{name}.tmp"
+
+
 def write_whole(path, text):
     """Write a text file (local or gs://) that is never seen half-written: a hidden temporary file beside it,
     then a rename (atomic on a local file system; a Cloud Storage object appears once complete)."""
     import tensorflow as tf
 
-    folder, name = path.rsplit("/", 1) if "/" in path else (".", path)
-    temporary = f"{folder}/.{name}.tmp"
+    temporary = temporary_path(path)
     with tf.io.gfile.GFile(temporary, "w") as file:
         file.write(text)
     tf.io.gfile.rename(temporary, path, overwrite=True)
