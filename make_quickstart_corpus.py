@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Write a small English corpus that every Python installation already carries: no download needed.
 
-The text is CPython's own documentation: the help topics of `pydoc_data.topics` and the docstrings of the
-standard library's pure-Python modules. Each paragraph becomes one line; every 20th paragraph goes to the
-validation file. The output depends only on the Python version, so the quickstart is repeatable.
+The text is CPython's own documentation: the help topics of `pydoc_data.topics` and the docstrings
+of the standard library's pure-Python modules. Each paragraph becomes one line; every 20th paragraph
+goes to the validation file. The output depends only on the Python version, so the quickstart is
+repeatable.
 
     python make_quickstart_corpus.py --output_dir quickstart_data
     # -> quickstart_data/train.txt, quickstart_data/validation.txt
@@ -21,8 +22,12 @@ MIN_PARAGRAPH_WORDS = 4
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="Write a train/validation corpus from CPython's documentation.")
-    parser.add_argument("--output_dir", required=True, help="Folder for train.txt and validation.txt.")
+    parser = argparse.ArgumentParser(
+        description="Write a train/validation corpus from CPython's documentation."
+    )
+    parser.add_argument(
+        "--output_dir", required=True, help="Folder for train.txt and validation.txt."
+    )
     return parser.parse_args(argv)
 
 
@@ -45,7 +50,9 @@ def standard_library_docstrings():
     """Docstrings read with `ast`, so no module is imported (and none of their side effects run)."""
     library = sysconfig.get_paths()["stdlib"]
     for folder, subfolders, files in os.walk(library):
-        subfolders[:] = sorted(d for d in subfolders if d not in {"test", "tests", "idlelib", "site-packages"})
+        subfolders[:] = sorted(
+            d for d in subfolders if d not in {"test", "tests", "idlelib", "site-packages"}
+        )
         for name in sorted(files):
             if not name.endswith(".py"):
                 continue
@@ -55,7 +62,9 @@ def standard_library_docstrings():
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
             for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(
+                    node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+                ):
                     docstring = ast.get_docstring(node)
                     if docstring:
                         yield from paragraphs(docstring)
@@ -66,9 +75,10 @@ def main(args):
     counts = {"train": 0, "validation": 0}
     seen = set()
     paths = {split: os.path.join(args.output_dir, f"{split}.txt") for split in counts}
-    with open(paths["train"], "w", encoding="utf-8") as train, open(
-        paths["validation"], "w", encoding="utf-8"
-    ) as validation:
+    with (
+        open(paths["train"], "w", encoding="utf-8") as train,
+        open(paths["validation"], "w", encoding="utf-8") as validation,
+    ):
         for paragraph in (*help_topics(), *standard_library_docstrings()):
             if paragraph in seen:  # many docstrings repeat verbatim (overrides, aliases)
                 continue
@@ -77,7 +87,10 @@ def main(args):
             split = "validation" if index % VALIDATION_EVERY == 0 else "train"
             (validation if split == "validation" else train).write(paragraph + "\n")
             counts[split] += 1
-    print(f"Wrote {counts['train']} train and {counts['validation']} validation paragraphs to {args.output_dir}")
+    print(
+        f"Wrote {counts['train']} train and {counts['validation']} validation paragraphs to "
+        f"{args.output_dir}"
+    )
     return paths
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Step 2 of 3: tokenize a text split, pack it into fixed-length sequences and write TFRecord shards.
+"""Step 2 of 3: tokenize a text split, pack it into fixed-length sequences and write TFRecord
+shards.
 
-Each non-blank line (a document or paragraph) is tokenized as `[CLS] tokens [SEP]`. The split is read in
-blocks of --rows_per_block input rows (blank ones count too; a block never spans two input files), and each
-block is packed on its own: its documents are concatenated in order and cut into --max_length sequences, so
-a sequence may start or end in the middle of a document, and the [SEP] marks where one ends and the next
-begins. Nothing is padded: only each block's final remainder, shorter than one sequence, is dropped
-(RoBERTa's FULL-SENTENCES packing).
+Each non-blank line (a document or paragraph) is tokenized as `[CLS] tokens [SEP]`. The split is
+read in blocks of --rows_per_block input rows (blank ones count too; a block never spans two input
+files), and each block is packed on its own: its documents are concatenated in order and cut into
+--max_length sequences, so a sequence may start or end in the middle of a document, and the [SEP]
+marks where one ends and the next begins. Nothing is padded: only each block's final remainder,
+shorter than one sequence, is dropped (RoBERTa's FULL-SENTENCES packing).
 
     # local files (a glob over many works too: --train_file 'corpus/part-*.txt')
     python prepare_tfrecord_shards.py --train_file corpus/train.txt --split train \
@@ -24,11 +25,12 @@ begins. Nothing is padded: only each block's final remainder, shorter than one s
         --tokenizer_name_or_path gs://my-bucket/tokenizer --output_dir gs://my-bucket/shards \
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing
 
-Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord (one tf.train.Example per sequence,
-"input_ids": int64 x max_length), then manifest.json, written last: without it the split is unfinished, and
-the same command writes it again. Memory stays flat: batches flow through while --num_proc threads tokenize
-and the main thread packs and writes. A block's sequences depend on its rows alone, so the Beam pipeline
-(--runner) packs blocks on many workers at once and writes the same files, byte for byte.
+Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord (one tf.train.Example per
+sequence, "input_ids": int64 x max_length), then manifest.json, written last: without it the split
+is unfinished, and the same command writes it again. Memory stays flat: batches flow through while
+--num_proc threads tokenize and the main thread packs and writes. A block's sequences depend on its
+rows alone, so the Beam pipeline (--runner) packs blocks on many workers at once and writes the same
+files, byte for byte.
 
 Next step: run_mlm.py --train_dataset <output_dir>/train --eval_dataset <output_dir>/validation.
 """
@@ -40,16 +42,31 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 
-from mlm_pipeline import beam_pipeline, contract, corpus, packing, split_folder, split_manifest, storage
-from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, first_line, positive_int
+from mlm_pipeline import (
+    beam_pipeline,
+    contract,
+    corpus,
+    packing,
+    split_folder,
+    split_manifest,
+    storage,
+)
+from mlm_pipeline.errors import (
+    OneLineErrorParser,
+    UsageError,
+    exit_on_usage_error,
+    first_line,
+    positive_int,
+)
 from mlm_pipeline.tf_startup import tensorflow_startup_log_held_back
 
 PACKING = (
-    "each non-blank line is tokenized as [CLS] tokens [SEP]; the lines of each block of rows_per_block input rows "
-    "are concatenated in order and cut into max_length sequences; only each block's final remainder is dropped"
+    "each non-blank line is tokenized as [CLS] tokens [SEP]; the lines of each block of "
+    "rows_per_block input rows are concatenated in order and cut into max_length sequences; only "
+    "each block's final remainder is dropped"
 )
-# Large enough that the tokens dropped at block ends do not matter (under max_length per 100,000 rows), small
-# enough that a corpus of a few million rows already spreads over several Beam workers.
+# Large enough that the tokens dropped at block ends do not matter (under max_length per 100,000
+# rows), small enough that a corpus of a few million rows already spreads over several Beam workers.
 DEFAULT_ROWS_PER_BLOCK = 100_000
 
 
@@ -65,31 +82,68 @@ def parse_args(argv=None):
         "(--direct_num_workers, --project, --region, --temp_location, --setup_file, ...).",
     )
     data = parser.add_argument_group("data: local or gs:// files, or a Hub dataset (the default)")
-    files = "a file or a glob over files (quoted), local or gs://: plain text (any extension), or local"
+    files = (
+        "a file or a glob over files (quoted), local or gs://: plain text (any extension), or local"
+    )
     data.add_argument("--train_file", help=f"Train split: {files} .json/.jsonl, .csv, .parquet.")
     data.add_argument("--validation_file", help="Validation split, the same.")
     data.add_argument("--test_file", help="Test split, the same.")
-    data.add_argument("--split", default="train", help=f"Which split to write: one of {', '.join(contract.SPLITS)}.")
-    data.add_argument("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
-    data.add_argument("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
-    data.add_argument("--text_column", default="text", help="Column that holds the text (default: text).")
-    data.add_argument("--limit", type=positive_int, help="Use only the first LIMIT rows of the split.")
     data.add_argument(
-        "--streaming", action="store_true", help="Stream the Hub dataset as it is read, instead of downloading the "
+        "--split",
+        default="train",
+        help=f"Which split to write: one of {', '.join(contract.SPLITS)}.",
+    )
+    data.add_argument(
+        "--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext)."
+    )
+    data.add_argument(
+        "--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration."
+    )
+    data.add_argument(
+        "--text_column", default="text", help="Column that holds the text (default: text)."
+    )
+    data.add_argument(
+        "--limit", type=positive_int, help="Use only the first LIMIT rows of the split."
+    )
+    data.add_argument(
+        "--streaming",
+        action="store_true",
+        help="Stream the Hub dataset as it is read, instead of downloading the "
         "whole split into the datasets cache first: for corpora larger than the disk.",
-    )  # fmt: skip
-    data.add_argument("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
+    )
+    data.add_argument(
+        "--trust_remote_code", action="store_true", help="Allow code from Hub repositories."
+    )
     tokens = parser.add_argument_group("tokenization")
-    tokens.add_argument("--tokenizer_name_or_path", required=True, help="Tokenizer folder (local or gs://) or Hub id.")
-    tokens.add_argument("--max_length", type=positive_int, default=128, help="Tokens per sequence (default: 128).")
-    tokens.add_argument("--batch_size", type=positive_int, default=1000, help="Lines per batch (default: 1000).")
     tokens.add_argument(
-        "--num_proc", type=positive_int, help=f"Tokenizing threads (default: the {available_cores()} usable cores)."
+        "--tokenizer_name_or_path",
+        required=True,
+        help="Tokenizer folder (local or gs://) or Hub id.",
+    )
+    tokens.add_argument(
+        "--max_length", type=positive_int, default=128, help="Tokens per sequence (default: 128)."
+    )
+    tokens.add_argument(
+        "--batch_size", type=positive_int, default=1000, help="Lines per batch (default: 1000)."
+    )
+    tokens.add_argument(
+        "--num_proc",
+        type=positive_int,
+        help=f"Tokenizing threads (default: the {available_cores()} usable cores).",
     )
     output = parser.add_argument_group("output")
     output.add_argument("--output_dir", required=True, help="Local folder or gs://bucket/prefix.")
-    output.add_argument("--shard_size", type=positive_int, default=10000, help="Sequences per shard (default: 10000).")
-    output.add_argument("--overwrite_output_dir", action="store_true", help="Replace a split already in --output_dir.")
+    output.add_argument(
+        "--shard_size",
+        type=positive_int,
+        default=10000,
+        help="Sequences per shard (default: 10000).",
+    )
+    output.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Replace a split already in --output_dir.",
+    )
     output.add_argument(
         "--rows_per_block",
         type=positive_int,
@@ -99,41 +153,61 @@ def parse_args(argv=None):
     )
     beam = parser.add_argument_group("Apache Beam: one split written by many workers")
     beam.add_argument(
-        "--runner", help="Run the step as an Apache Beam pipeline on this runner: DirectRunner (this machine's "
-        "cores), DataflowRunner, FlinkRunner, SparkRunner... The output is what a run without it writes.",
-    )  # fmt: skip
+        "--runner",
+        help="Run the step as an Apache Beam pipeline on this runner: DirectRunner (this machine's "
+        "cores), DataflowRunner, FlinkRunner, SparkRunner... The output is what a run without it "
+        "writes.",
+    )
     args, beam_options = parser.parse_known_args(argv)
     if beam_options and not args.runner:
-        parser.error(f"unrecognized arguments: {' '.join(beam_options)} (Beam pipeline options need --runner)")
+        parser.error(
+            f"unrecognized arguments: {' '.join(beam_options)} (Beam pipeline options need "
+            "--runner)"
+        )
     args.beam_argv = ["--runner", args.runner, *beam_options] if args.runner else []
     return args
 
 
 def check_args(args):
-    """Bad input is refused here, before any work, in one line that names the flag. Returns the input files
-    in the order they are read (None for a Hub dataset)."""
+    """Bad input is refused here, before any work, in one line that names the flag. Returns the
+    input files in the order they are read (None for a Hub dataset)."""
     if args.split not in contract.SPLITS:
         splits = ", ".join(contract.SPLITS)
-        raise UsageError(f"--split {args.split!r} is not a split this script knows; use one of {splits}.")
+        raise UsageError(
+            f"--split {args.split!r} is not a split this script knows; use one of {splits}."
+        )
     if args.max_length < 2:
-        raise UsageError(f"--max_length {args.max_length} is too short for a sequence; use 128 or 512.")
+        raise UsageError(
+            f"--max_length {args.max_length} is too short for a sequence; use 128 or 512."
+        )
     pattern, flag = local_split_file(args), f"--{args.split}_file"
     if any([args.train_file, args.validation_file, args.test_file]) and pattern is None:
-        raise UsageError(f"--split {args.split} was asked for, but only other local splits were given; pass {flag}.")
+        raise UsageError(
+            f"--split {args.split} was asked for, but only other local splits were given; pass "
+            f"{flag}."
+        )
     if args.runner:
         if pattern is None:
             raise UsageError(
-                f"--runner reads files, local or gs://, not a Hub dataset ({describe_source(args)}); pass {flag} "
-                "(a glob over the dataset's text files, e.g. in a bucket), or run without --runner and --streaming."
+                "--runner reads files, local or gs://, not a Hub dataset "
+                f"({describe_source(args)}); pass {flag} (a glob over the dataset's text files, "
+                "e.g. in a bucket), or run without --runner and --streaming."
             )
         if corpus.local_format(pattern) != "text":
             raise UsageError(
                 f"--runner reads plain text (one document per line), but {flag} {pattern} is "
                 f"{corpus.local_format(pattern)}; convert it to text, or run without --runner."
             )
-        beam_pipeline.check_options(args.beam_argv, args.tokenizer_name_or_path, args.output_dir, [(flag, pattern)])
-    # Cloud Storage next, in seconds: listing an unreachable bucket would take TensorFlow minutes of retries.
-    paths = {"--output_dir": args.output_dir, flag: pattern, "--tokenizer_name_or_path": args.tokenizer_name_or_path}
+        beam_pipeline.check_options(
+            args.beam_argv, args.tokenizer_name_or_path, args.output_dir, [(flag, pattern)]
+        )
+    # Cloud Storage next, in seconds: listing an unreachable bucket would take TensorFlow minutes of
+    # retries.
+    paths = {
+        "--output_dir": args.output_dir,
+        flag: pattern,
+        "--tokenizer_name_or_path": args.tokenizer_name_or_path,
+    }
     storage.check_gcs_paths(paths, writable=["--output_dir"])
     if not storage.is_remote(args.output_dir):
         storage.check_local_output_dir(args.output_dir)
@@ -141,7 +215,9 @@ def check_args(args):
 
 
 def local_split_file(args):
-    return {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}[args.split]
+    return {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}[
+        args.split
+    ]
 
 
 def describe_source(args):
@@ -163,12 +239,15 @@ class SplitTally:
 
 
 def file_rows(args, files):
-    """The rows of each input file in turn (a Hub dataset: its split, as one stream). Plain text is read line by
-    line without datasets; local tabular files are streamed by datasets, so nothing goes to its cache."""
+    """The rows of each input file in turn (a Hub dataset: its split, as one stream). Plain text is
+    read line by line without datasets; local tabular files are streamed by datasets, so nothing
+    goes to its cache."""
     if files is None:
         source = (args.dataset_name, args.dataset_config, args.trust_remote_code)
         yield corpus.dataset_column(
-            corpus.load_split(args.split, None, *source, streaming=args.streaming), args.text_column, args.batch_size
+            corpus.load_split(args.split, None, *source, streaming=args.streaming),
+            args.text_column,
+            args.batch_size,
         )
     for path in files or ():
         if corpus.local_format(path) == "text":
@@ -179,9 +258,10 @@ def file_rows(args, files):
 
 
 def split_blocks(args, files, tally):
-    """(block index, the block's rows) for each block of --rows_per_block rows, in order: each file is cut into
-    blocks of its own, numbered on from one file to the next, and --limit counts rows across the files.
-    mlm_pipeline/beam_pipeline.py numbers the blocks of a Beam run the same way."""
+    """(block index, the block's rows) for each block of --rows_per_block rows, in order: each file
+    is cut into blocks of its own, numbered on from one file to the next, and --limit counts rows
+    across the files. mlm_pipeline/beam_pipeline.py numbers the blocks of a Beam run the same way.
+    """
     blocks = itertools.count()
     for rows in file_rows(args, files):
         rows = corpus.reading_errors_as_usage_errors(rows, describe_source(args))
@@ -192,14 +272,16 @@ def split_blocks(args, files, tally):
         while (first := next(rows, end)) is not end:
             block_rows = itertools.chain([first], itertools.islice(rows, args.rows_per_block - 1))
             yield next(blocks), block_rows
-            collections.deque(block_rows, maxlen=0)  # whatever is left of the block: the next one starts after it
+            # whatever is left of the block: the next one starts after it
+            collections.deque(block_rows, maxlen=0)
         if args.limit is not None and tally.rows >= args.limit:
             return
 
 
 def block_batches(blocks, batch_size):
-    """(block, texts) for each batch of up to `batch_size` non-blank texts of a block, then (block, None) once the
-    block's rows are all read. A batch never holds texts of two blocks: each block is packed on its own."""
+    """(block, texts) for each batch of up to `batch_size` non-blank texts of a block, then (block,
+    None) once the block's rows are all read. A batch never holds texts of two blocks: each block is
+    packed on its own."""
     for block, rows in blocks:
         for batch in packing.text_batches(rows, batch_size):
             yield block, batch
@@ -210,19 +292,27 @@ def block_batches(blocks, batch_size):
 
 
 class BatchEncoder:
-    """texts -> their token ids, each text's `[CLS] ... [SEP]` concatenated into one int64 array: the same ids as
-    `tokenizer(texts)["input_ids"]`, without building its per-text lists of ids, types and attention masks."""
+    """texts -> their token ids, each text's `[CLS] ... [SEP]` concatenated into one int64 array:
+    the same ids as `tokenizer(texts)["input_ids"]`, without building its per-text lists of ids,
+    types and attention masks."""
 
     def __init__(self, tokenizer):
         from transformers import PreTrainedTokenizerFast
 
         self.tokenizer = tokenizer
-        # Direct: the class's batch call is PreTrainedTokenizerFast's own, which hands the texts unchanged to the
-        # Rust backend. Some classes (CPM, for one) rewrite the text in Python first; those keep their call.
+        # Direct: the class's batch call is PreTrainedTokenizerFast's own, which hands the texts
+        # unchanged to the Rust backend. Some classes (CPM, for one) rewrite the text in Python
+        # first; those keep their call.
         calls = ("__call__", "_call_one", "batch_encode_plus", "_batch_encode_plus")
-        self.direct = all(getattr(type(tokenizer), call) is getattr(PreTrainedTokenizerFast, call) for call in calls)
-        if self.direct:  # the backend as transformers sets it for that call; the Beam workers encode with it too
-            self.backend = packing.batch_backend(tokenizer.backend_tokenizer, tokenizer.split_special_tokens)
+        self.direct = all(
+            getattr(type(tokenizer), call) is getattr(PreTrainedTokenizerFast, call)
+            for call in calls
+        )
+        # the backend as transformers sets it for that call; the Beam workers encode with it too
+        if self.direct:
+            self.backend = packing.batch_backend(
+                tokenizer.backend_tokenizer, tokenizer.split_special_tokens
+            )
 
     def __call__(self, texts):
         if self.direct:
@@ -232,8 +322,9 @@ class BatchEncoder:
 
 @contextmanager
 def tokenizer_pool_off():
-    """Turn off the Rust tokenizer's own thread pool (read at every call), so that each of our threads uses one
-    core: --num_proc threads then use --num_proc cores, not --num_proc times all of them."""
+    """Turn off the Rust tokenizer's own thread pool (read at every call), so that each of our
+    threads uses one core: --num_proc threads then use --num_proc cores, not --num_proc times all of
+    them."""
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
@@ -245,14 +336,15 @@ def tokenizer_pool_off():
 
 
 def in_order(function, batches, threads):
-    """function(batch) for each batch, computed in `threads` threads and yielded in order. Only a few batches are
-    read ahead, so memory does not grow with the corpus."""
+    """function(batch) for each batch, computed in `threads` threads and yielded in order. Only a
+    few batches are read ahead, so memory does not grow with the corpus."""
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
     pending = collections.deque()
     try:
         for batch in batches:
             pending.append(pool.submit(function, batch))
-            if len(pending) > 2 * threads:  # keeps every thread busy while the main thread catches up
+            # keeps every thread busy while the main thread catches up
+            if len(pending) > 2 * threads:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
@@ -261,8 +353,8 @@ def in_order(function, batches, threads):
 
 
 def token_id_batches(batches, tokenizer, num_proc):
-    """(block, number of texts, their token ids as one int64 array) for each (block, texts) batch, in order; a
-    block's end, (block, None), comes out as (block, None, None)."""
+    """(block, number of texts, their token ids as one int64 array) for each (block, texts) batch,
+    in order; a block's end, (block, None), comes out as (block, None, None)."""
     encode = BatchEncoder(tokenizer)
 
     def encode_batch(batch):
@@ -272,7 +364,9 @@ def token_id_batches(batches, tokenizer, num_proc):
     if encode.direct:
         with tokenizer_pool_off():
             yield from in_order(encode_batch, batches, threads=num_proc or available_cores())
-    else:  # transformers reconfigures the backend at every call, so calls must not overlap (each uses its own pool)
+    # transformers reconfigures the backend at every call, so calls must not overlap (each uses its
+    # own pool)
+    else:
         yield from in_order(encode_batch, batches, threads=1)
 
 
@@ -280,10 +374,10 @@ def token_id_batches(batches, tokenizer, num_proc):
 
 
 class SplitWriter:
-    """Writes files into the split's folder, each whole (under a temporary name, then renamed). The folder is
-    cleared of what this run replaces only when the first file comes: until then a bad input leaves existing
-    output untouched. Killed at any moment, it leaves a finished split or a folder without manifest.json,
-    which the same command, run again, clears and writes afresh."""
+    """Writes files into the split's folder, each whole (under a temporary name, then renamed). The
+    folder is cleared of what this run replaces only when the first file comes: until then a bad
+    input leaves existing output untouched. Killed at any moment, it leaves a finished split or a
+    folder without manifest.json, which the same command, run again, clears and writes afresh."""
 
     def __init__(self, split_dir):
         self.split_dir, self.started, self.created_folders = split_dir, False, []
@@ -309,19 +403,24 @@ class SplitWriter:
 
 
 def write_blocks(id_batches, writer, args):
-    """Pack each block on its own and write its shards (packing.pack_block: concatenate, cut, serialize);
-    returns, for each block in order, what it gave."""
+    """Pack each block on its own and write its shards (packing.pack_block: concatenate, cut,
+    serialize); returns, for each block in order, what it gave."""
     from tqdm.auto import tqdm
 
     summaries = []
-    # The bar shows from the first sequence on (delay), so that input refused before then gets its error line
-    # alone; closing it ends its line, so that an error found midway starts a line of its own.
+    # The bar shows from the first sequence on (delay), so that input refused before then gets its
+    # error line alone; closing it ends its line, so that an error found midway starts a line of its
+    # own.
     progress = tqdm(desc=f"Writing {args.split} shards", unit=" sequences", delay=1e-9)
     with closing(id_batches), progress:  # closing: stops the threads if writing fails
         for block, batches in itertools.groupby(id_batches, key=lambda batch: batch[0]):
             encoded = ((texts, ids) for _, texts, ids in batches if texts is not None)
-            shards = packing.BlockShards(writer.split_dir, args.split, block, args.shard_size, writer.write_file)
-            summaries.append(packing.pack_block(block, encoded, args.max_length, shards, progress.update))
+            shards = packing.BlockShards(
+                writer.split_dir, args.split, block, args.shard_size, writer.write_file
+            )
+            summaries.append(
+                packing.pack_block(block, encoded, args.max_length, shards, progress.update)
+            )
     return summaries
 
 
@@ -332,7 +431,8 @@ def write_split(args, files, tokenizer, settings, split_dir):
     writer = SplitWriter(split_dir)
     try:
         blocks = write_blocks(token_id_batches(batches, tokenizer, args.num_proc), writer, args)
-        manifest = split_manifest.split_manifest(blocks, tally.rows, settings, PACKING)  # checked before clearing
+        # checked before clearing
+        manifest = split_manifest.split_manifest(blocks, tally.rows, settings, PACKING)
         writer.start()
         split_folder.write_manifest(split_dir, split_manifest.manifest_text(manifest))
     except BaseException:
@@ -342,26 +442,41 @@ def write_split(args, files, tokenizer, settings, split_dir):
 
 
 def write_split_with_beam(args, files, tokenizer, settings, split_dir):
-    """The split as an Apache Beam pipeline (mlm_pipeline/beam_pipeline.py), on --runner: the same blocks,
-    packed by pack_block on the runner's workers, which load the tokenizer themselves."""
+    """The split as an Apache Beam pipeline (mlm_pipeline/beam_pipeline.py), on --runner: the same
+    blocks, packed by pack_block on the runner's workers, which load the tokenizer themselves."""
     import tensorflow as tf
 
     encoder = BatchEncoder(tokenizer)
     if not encoder.direct:
         raise UsageError(
-            f"the tokenizer {args.tokenizer_name_or_path!r} ({type(tokenizer).__name__}) rewrites text before its "
-            "Rust backend sees it, which Beam's workers cannot do; run without --runner."
+            f"the tokenizer {args.tokenizer_name_or_path!r} ({type(tokenizer).__name__}) rewrites "
+            "text before its Rust backend sees it, which Beam's workers cannot do; run without "
+            "--runner."
         )
     fingerprint = split_manifest.tokenizer_fingerprint(encoder.backend)
-    beam_pipeline.load_backend(args.tokenizer_name_or_path, tokenizer.split_special_tokens, fingerprint)
-    print(f"Writing the {args.split} split ({len(files)} input files) as an Apache Beam pipeline on {args.runner}")
+    beam_pipeline.load_backend(
+        args.tokenizer_name_or_path, tokenizer.split_special_tokens, fingerprint
+    )
+    print(
+        f"Writing the {args.split} split ({len(files)} input files) as an Apache Beam pipeline on "
+        f"{args.runner}"
+    )
     created_folders = split_folder.missing_folders(split_dir)
-    split_folder.clear_split_dir(split_dir)  # before the workers start: they write at once, in parallel
+    # before the workers start: they write at once, in parallel
+    split_folder.clear_split_dir(split_dir)
     try:
         beam_pipeline.run(
-            args.beam_argv, files, settings, args.tokenizer_name_or_path, fingerprint, tokenizer.split_special_tokens,
-            split_dir, args.batch_size, args.limit, PACKING,
-        )  # fmt: skip
+            args.beam_argv,
+            files,
+            settings,
+            args.tokenizer_name_or_path,
+            fingerprint,
+            tokenizer.split_special_tokens,
+            split_dir,
+            args.batch_size,
+            args.limit,
+            PACKING,
+        )
     except BaseException:
         split_folder.remove_run_output(split_dir, created_folders)
         raise
@@ -371,18 +486,27 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
 
 def main(args):
     files = check_args(args)
-    # The tokenizer first: a wrong path is reported in a second rather than after TensorFlow has loaded.
+    # The tokenizer first: a wrong path is reported in a second rather than after TensorFlow has
+    # loaded.
     tokenizer = contract.load_tokenizer(
-        args.tokenizer_name_or_path, "--tokenizer_name_or_path", args.trust_remote_code, require_fast=True
+        args.tokenizer_name_or_path,
+        "--tokenizer_name_or_path",
+        args.trust_remote_code,
+        require_fast=True,
     )
     with tensorflow_startup_log_held_back():
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # looking for devices logs too (cuInit)
     settings = split_manifest.split_settings(
-        tokenizer, args.tokenizer_name_or_path, args.split, describe_source(args), args.max_length,
-        args.rows_per_block, args.shard_size,
-    )  # fmt: skip
+        tokenizer,
+        args.tokenizer_name_or_path,
+        args.split,
+        describe_source(args),
+        args.max_length,
+        args.rows_per_block,
+        args.shard_size,
+    )
     split_dir = contract.split_dir(args.output_dir, args.split)
     split_folder.check_split_dir(split_dir, args.split, args.overwrite_output_dir)
     write = write_split_with_beam if args.runner else write_split

@@ -1,11 +1,13 @@
-"""What Apache Beam's remote workers install to run prepare_tfrecord_shards.py --runner DataflowRunner (or any
-runner whose workers are other machines): this repository's mlm_pipeline package and 🤗 tokenizers, pinned
-as in requirements.txt so that shards do not depend on which machine wrote them.
+"""What Apache Beam's remote workers install to run prepare_tfrecord_shards.py --runner
+DataflowRunner (or any runner whose workers are other machines): this repository's mlm_pipeline
+package and 🤗 tokenizers, pinned as in requirements.txt so that shards do not depend on which
+machine wrote them.
 
     python prepare_tfrecord_shards.py ... --runner DataflowRunner --setup_file ./setup.py
 
-Beam's worker image already holds apache-beam[gcp] (numpy and google-crc32c with it); the workers need no
-TensorFlow and no transformers. The launcher itself runs from `pip install -r requirements.txt`.
+Beam's worker image already holds apache-beam[gcp] (numpy and google-crc32c with it); the workers
+need no TensorFlow and no transformers. The launcher itself runs from `pip install -r
+requirements.txt`.
 """
 
 import setuptools

@@ -1,25 +1,27 @@
 #!/usr/bin/env python
 """Step 1 of 3: train a Unigram tokenizer for masked-language-model pretraining.
 
-The tokenizer is trained with 🤗 tokenizers on a text corpus, then saved as a transformers tokenizer folder
-that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with the [CLS] / <pad> / [SEP] /
-<unk> / [MASK] special tokens at ids 0-4. Optionally it is pushed to the Hub.
+The tokenizer is trained with 🤗 tokenizers on a text corpus, then saved as a transformers tokenizer
+folder that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with the [CLS] /
+<pad> / [SEP] / <unk> / [MASK] special tokens at ids 0-4. Optionally it is pushed to the Hub.
 
     # WikiText-103 from the Hub (the default corpus)
     python train_unigram.py --vocab_size 32000 --output_dir tokenizer
 
-    # local files: plain text, one document per line, under any extension (.txt, .raw, ...), or .json/.jsonl,
-    # .csv, .parquet with a --text_column; a quoted glob reads many, in sorted order (gs://: text)
+    # local files: plain text, one document per line, under any extension (.txt, .raw, ...), or
+    # .json/.jsonl, .csv, .parquet with a --text_column; a quoted glob reads many, in sorted order
+    # (gs://: text)
     python train_unigram.py --train_file 'corpus/*.txt' --vocab_size 8000 --output_dir tokenizer
 
     # C4's first 2M rows, streamed rather than downloaded, pushed to the Hub (after `hf auth login`)
     python train_unigram.py --dataset_name allenai/c4 --dataset_config en --streaming \
         --limit 2000000 --output_dir tokenizer --push_to_hub --hub_model_id my-user/c4-unigram
 
-A good vocabulary: NFKC, a Metaspace pre-tokenizer ("▁" starts a word), EM long enough before each pruning
-for frequent whole words to beat their spelling, and word-end examples for the words the trainer would never
-propose. A deterministic one: `canonical_vocabulary()` makes one corpus give one byte-identical file. Corpus
-reading, output checks and the Hub push come from the mlm_pipeline package beside this script.
+A good vocabulary: NFKC, a Metaspace pre-tokenizer ("▁" starts a word), EM long enough before each
+pruning for frequent whole words to beat their spelling, and word-end examples for the words the
+trainer would never propose. A deterministic one: `canonical_vocabulary()` makes one corpus give one
+byte-identical file. Corpus reading, output checks and the Hub push come from the mlm_pipeline
+package beside this script.
 
 Next step: prepare_tfrecord_shards.py --tokenizer_name_or_path <output_dir>.
 """
@@ -35,59 +37,93 @@ import tempfile
 from mlm_pipeline import contract, corpus, hub, model_card, storage
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
-# <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1 (PyTorch
-# takes it from pad_token_id), so any other id would shift positions between the two frameworks.
+# <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
+# (PyTorch takes it from pad_token_id), so any other id would shift positions between the two
+# frameworks.
 SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 SCORE_DECIMALS = 6
 REQUIRED_CHAR_SCORE_STEP = 1e-4  # the Unigram trainer's spacing between the rare characters it adds
 SPACE_MARKER = "▁"  # Metaspace's stand-in for the space before a word
-# UnigramTrainer options; its defaults are 2 EM iterations before each pruning, which keeps 3/4 of the pieces.
-# A frequent whole word such as "▁and" starts training far less likely than its spelling "▁" + "and" (the
-# trainer scores a candidate by how many distinct words contain it, a character by how often it occurs), and
-# EM needs about 5 iterations on WikiText-2, one more per 10x the text, to lift it past its spelling; pruned
-# before that, it is gone. By that rule 8 leave room for ~100x WikiText-2; halving the pieces at each pruning
-# pays for them.
+# UnigramTrainer options; its defaults are 2 EM iterations before each pruning, which keeps 3/4 of
+# the pieces. A frequent whole word such as "▁and" starts training far less likely than its spelling
+# "▁" + "and" (the trainer scores a candidate by how many distinct words contain it, a character by
+# how often it occurs), and EM needs about 5 iterations on WikiText-2, one more per 10x the text, to
+# lift it past its spelling; pruned before that, it is gone. By that rule 8 leave room for ~100x
+# WikiText-2; halving the pieces at each pruning pays for them.
 EM_ITERATIONS_PER_PRUNING = 8
 SHRINKING_FACTOR = 0.5
-# The most frequent words that get a word-end example (see word_end_examples), per piece of the vocabulary.
+# The most frequent words that get a word-end example (see word_end_examples), per piece of the
+# vocabulary.
 WORD_END_EXAMPLES_PER_PIECE = 1 / 4
-WORD_COUNT_STRIDE = 4  # words are counted in every 4th batch: enough to rank the frequent ones, at 1/4 the cost
+# words are counted in every 4th batch: enough to rank the frequent ones, at 1/4 the cost
+WORD_COUNT_STRIDE = 4
 
 
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
     data = parser.add_argument_group("data (the Hub by default, or local files)")
-    data.add_argument("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
-    data.add_argument("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
     data.add_argument(
-        "--train_file", help="Local plain text (any extension), .json/.jsonl, .csv or .parquet "
+        "--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext)."
+    )
+    data.add_argument(
+        "--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration."
+    )
+    data.add_argument(
+        "--train_file",
+        help="Local plain text (any extension), .json/.jsonl, .csv or .parquet "
         "file, or a quoted glob over many, read in sorted order ('corpus/*.txt'; gs:// for text).",
-    )  # fmt: skip
-    data.add_argument("--text_column", default="text", help="Column that holds the text (default: text).")
-    data.add_argument("--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus.")
+    )
     data.add_argument(
-        "--streaming", action="store_true", help="Stream the Hub dataset (or local tabular files), "
+        "--text_column", default="text", help="Column that holds the text (default: text)."
+    )
+    data.add_argument(
+        "--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus."
+    )
+    data.add_argument(
+        "--streaming",
+        action="store_true",
+        help="Stream the Hub dataset (or local tabular files), "
         "writing nothing to the datasets cache: --limit rows of a corpus larger than the disk (C4) "
         "will do; without --limit, the whole stream. Plain text is always read line by line.",
-    )  # fmt: skip
-    data.add_argument("--batch_size", type=positive_int, default=1000, help="Rows handed to the trainer at a time.")
-    data.add_argument("--trust_remote_code", action="store_true", help="Allow code from the Hub dataset's repository.")
+    )
+    data.add_argument(
+        "--batch_size",
+        type=positive_int,
+        default=1000,
+        help="Rows handed to the trainer at a time.",
+    )
+    data.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="Allow code from the Hub dataset's repository.",
+    )
     model = parser.add_argument_group("tokenizer")
-    model.add_argument("--vocab_size", type=int, default=32000, help="Vocabulary size, special tokens included.")
+    model.add_argument(
+        "--vocab_size", type=int, default=32000, help="Vocabulary size, special tokens included."
+    )
     model.add_argument("--output_dir", required=True, help="Local folder to save the tokenizer to.")
-    model.add_argument("--overwrite_output_dir", action="store_true", help="Replace a tokenizer in --output_dir.")
+    model.add_argument(
+        "--overwrite_output_dir", action="store_true", help="Replace a tokenizer in --output_dir."
+    )
     hub_flags = parser.add_argument_group("Hub")
-    hub_flags.add_argument("--push_to_hub", "--export_to_hub", action="store_true", help="Also push to the Hub.")
-    hub_flags.add_argument("--hub_model_id", help="Hub repository, e.g. my-user/my-tokenizer: made before training.")
-    hub_flags.add_argument("--hub_private", action="store_true", help="Make the repository private (if it is new).")
+    hub_flags.add_argument(
+        "--push_to_hub", "--export_to_hub", action="store_true", help="Also push to the Hub."
+    )
+    hub_flags.add_argument(
+        "--hub_model_id", help="Hub repository, e.g. my-user/my-tokenizer: made before training."
+    )
+    hub_flags.add_argument(
+        "--hub_private", action="store_true", help="Make the repository private (if it is new)."
+    )
     return parser.parse_args(argv)
 
 
 def check_args(args):
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise UsageError(
-            f"--vocab_size {args.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special tokens "
-            f"{SPECIAL_TOKENS}; use at least {len(SPECIAL_TOKENS) + 1} (thousands in practice)."
+            f"--vocab_size {args.vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} "
+            f"special tokens {SPECIAL_TOKENS}; use at least {len(SPECIAL_TOKENS) + 1} (thousands "
+            "in practice)."
         )
     if args.push_to_hub and not args.hub_model_id:
         raise UsageError("--push_to_hub needs --hub_model_id (e.g. my-user/my-tokenizer).")
@@ -95,13 +131,18 @@ def check_args(args):
         raise UsageError("--hub_private only applies with --push_to_hub.")
     if args.push_to_hub:
         hub.check_hub_model_id(args.hub_model_id, example="my-user/my-tokenizer")
-    if storage.is_remote(args.output_dir):  # the local file system would take gs://x for a folder named "gs:"
+    # the local file system would take gs://x for a folder named "gs:"
+    if storage.is_remote(args.output_dir):
         raise UsageError(
-            f"--output_dir {args.output_dir} is not a local folder; train_unigram.py saves the tokenizer locally (the "
-            "next steps load it from a folder or the Hub): pass a local path, and copy the folder wherever needed."
+            f"--output_dir {args.output_dir} is not a local folder; train_unigram.py saves the "
+            "tokenizer locally (the next steps load it from a folder or the Hub): pass a local "
+            "path, and copy the folder wherever needed."
         )
     storage.check_local_output_dir(args.output_dir)
-    if os.path.exists(os.path.join(args.output_dir, contract.TOKENIZER_FILE)) and not args.overwrite_output_dir:
+    if (
+        os.path.exists(os.path.join(args.output_dir, contract.TOKENIZER_FILE))
+        and not args.overwrite_output_dir
+    ):
         raise UsageError(
             f"--output_dir {args.output_dir} already holds a tokenizer; "
             "pass --overwrite_output_dir to replace it, or choose another folder."
@@ -151,20 +192,22 @@ def non_blank_batches(rows, batch_size, counts):
 
 
 def word_end_examples(word_counts, how_many):
-    """Of the `how_many` most frequent words, those that start no longer word, each once and followed by the
-    next word's "▁": "▁and▁".
+    """Of the `how_many` most frequent words, those that start no longer word, each once and
+    followed by the next word's "▁": "▁and▁".
 
-    The Unigram trainer takes its candidate pieces from a suffix array over the distinct words, each ended by a
-    separator, and drops every candidate that runs into a separator. So a string that only ever ends a word
-    -- a whole word that starts no longer word, like "▁and", "▁," or "▁also" -- is never a candidate, and
-    the trainer has to spell it "▁" + "and": on WikiText-2, 18% of all tokens were a bare "▁". One example
-    with something after the word makes it a candidate (a word like "▁the" is one already: "▁then" goes on
-    after it), and one more occurrence of a frequent word changes no count that matters.
+    The Unigram trainer takes its candidate pieces from a suffix array over the distinct words, each
+    ended by a separator, and drops every candidate that runs into a separator. So a string that
+    only ever ends a word -- a whole word that starts no longer word, like "▁and", "▁," or "▁also"
+    -- is never a candidate, and the trainer has to spell it "▁" + "and": on WikiText-2, 18% of all
+    tokens were a bare "▁". One example with something after the word makes it a candidate (a word
+    like "▁the" is one already: "▁then" goes on after it), and one more occurrence of a frequent
+    word changes no count that matters.
     """
     words = sorted(word_counts)
 
     def starts_a_longer_word(word):
-        following = bisect.bisect_right(words, word)  # the longer words that start with `word` sort right after it
+        # the longer words that start with `word` sort right after it
+        following = bisect.bisect_right(words, word)
         return following < len(words) and words[following].startswith(word)
 
     frequent = heapq.nsmallest(how_many, word_counts.items(), key=lambda item: (-item[1], item[0]))
@@ -176,41 +219,51 @@ def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.Unigram())
-    # NFKC folds look-alike code points (full-width letters, ligatures) so they share pieces. Spaces at either
-    # end of a text (or next to a special token) separate no words: kept, each would be a bare "▁" token.
+    # NFKC folds look-alike code points (full-width letters, ligatures) so they share pieces. Spaces
+    # at either end of a text (or next to a special token) separate no words: kept, each would be a
+    # bare "▁" token.
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE_MARKER, prepend_scheme="always"
+    )
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always")
     return tokenizer
 
 
 def training_pre_tokenizer():
-    """Metaspace as the trainer sees it: split at spaces only, so that a word-end example ("▁and▁") stays one
-    word. On text it splits where Metaspace does (at each space, kept as the next word's "▁"); only a "▁"
-    typed in the text itself stays inside a word here."""
+    """Metaspace as the trainer sees it: split at spaces only, so that a word-end example ("▁and▁")
+    stays one word. On text it splits where Metaspace does (at each space, kept as the next word's
+    "▁"); only a "▁" typed in the text itself stays inside a word here."""
     from tokenizers import pre_tokenizers
 
     at_spaces = pre_tokenizers.Split(" ", "merged_with_next")
-    return pre_tokenizers.Sequence([at_spaces, pre_tokenizers.Metaspace(SPACE_MARKER, "always", split=False)])
+    return pre_tokenizers.Sequence(
+        [at_spaces, pre_tokenizers.Metaspace(SPACE_MARKER, "always", split=False)]
+    )
 
 
 def build_trainer(vocab_size, show_progress=True):
     from tokenizers import trainers
 
     return trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token="<unk>", show_progress=show_progress,
-        n_sub_iterations=EM_ITERATIONS_PER_PRUNING, shrinking_factor=SHRINKING_FACTOR,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        unk_token="<unk>",
+        show_progress=show_progress,
+        n_sub_iterations=EM_ITERATIONS_PER_PRUNING,
+        shrinking_factor=SHRINKING_FACTOR,
+    )
 
 
 def canonical_vocabulary(tokenizer_json):
     """Fix the trainer's run-to-run wobble, so that one corpus always gives one byte-identical file.
 
-    Two things vary between runs of the trainer. It sums log-probabilities in an order set by threads and
-    hash maps, so a piece's score changes in the 15th digit. And it gives each rare character it must keep
-    but did not learn the lowest score plus 0, 1e-4, 2e-4, ... in hash order. So: hand those steps to the
-    characters in sorted order, round every score to six decimals (far finer than segmentation notices),
-    and order the pieces by (score, piece). The special tokens keep their ids at the front.
+    Two things vary between runs of the trainer. It sums log-probabilities in an order set by
+    threads and hash maps, so a piece's score changes in the 15th digit. And it gives each rare
+    character it must keep but did not learn the lowest score plus 0, 1e-4, 2e-4, ... in hash order.
+    So: hand those steps to the characters in sorted order, round every score to six decimals (far
+    finer than segmentation notices), and order the pieces by (score, piece). The special tokens
+    keep their ids at the front.
     """
     model = tokenizer_json["model"]
     vocab = [[piece, score] for piece, score in model["vocab"] if piece not in SPECIAL_TOKENS]
@@ -221,10 +274,15 @@ def canonical_vocabulary(tokenizer_json):
         steps = (score - lowest) / REQUIRED_CHAR_SCORE_STEP
         return len(piece) == 1 and abs(steps - round(steps)) < 1e-6 and round(steps) < len(vocab)
 
-    required = sorted((entry for entry in vocab if required_char_step(entry)), key=lambda entry: entry[1])
+    required = sorted(
+        (entry for entry in vocab if required_char_step(entry)), key=lambda entry: entry[1]
+    )
     for entry, piece in zip(required, sorted(piece for piece, _ in required)):
         entry[0] = piece
-    rest = sorted(([piece, round(score, SCORE_DECIMALS)] for piece, score in vocab), key=lambda e: (-e[1], e[0]))
+    rest = sorted(
+        ([piece, round(score, SCORE_DECIMALS)] for piece, score in vocab),
+        key=lambda e: (-e[1], e[0]),
+    )
     model["vocab"] = [[token, 0.0] for token in SPECIAL_TOKENS] + rest
     model["unk_id"] = SPECIAL_TOKENS.index("<unk>")
     return tokenizer_json
@@ -239,15 +297,17 @@ def train_tokenizer(rows, vocab_size, batch_size, counts, source):
     batches = training_batches(rows, batch_size, vocab_size, counts)
     tokenizer.train_from_iterator(batches, trainer=build_trainer(vocab_size))
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
-        raise UsageError(f"the corpus {source} has no non-blank text to learn from; check it and --text_column.")
+        raise UsageError(
+            f"the corpus {source} has no non-blank text to learn from; check it and --text_column."
+        )
     tokenizer.pre_tokenizer = build_tokenizer().pre_tokenizer  # the one saved
     tokenizer = Tokenizer.from_str(json.dumps(canonical_vocabulary(json.loads(tokenizer.to_str()))))
     special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
     )
-    # "the [MASK] of" must tokenize like "the capital of": the mask absorbs the space before it, as the
-    # word piece it stands for ("▁capital") does.
+    # "the [MASK] of" must tokenize like "the capital of": the mask absorbs the space before it, as
+    # the word piece it stands for ("▁capital") does.
     tokenizer.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
     return tokenizer
 
@@ -256,28 +316,41 @@ def wrap_for_transformers(tokenizer):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]", bos_token="[CLS]", eos_token="[SEP]",
-        unk_token="<unk>", pad_token="<pad>", mask_token="[MASK]",
-    )  # fmt: skip
+        tokenizer_object=tokenizer,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="[MASK]",
+    )
 
 
 def save(tokenizer, output_dir):
-    """Write the tokenizer folder so that an interruption never leaves one that looks finished: everything goes
-    to a temporary folder beside it, then is moved in, tokenizer.json (what marks a tokenizer folder) last.
-    Returns the names of the files written."""
+    """Write the tokenizer folder so that an interruption never leaves one that looks finished:
+    everything goes to a temporary folder beside it, then is moved in, tokenizer.json (what marks a
+    tokenizer folder) last. Returns the names of the files written."""
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
         tokenizer.save_pretrained(staging)
-        names = sorted(os.listdir(staging), key=lambda name: (name == contract.TOKENIZER_FILE, name))
+        names = sorted(
+            os.listdir(staging), key=lambda name: (name == contract.TOKENIZER_FILE, name)
+        )
         for name in names:
-            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))  # atomic on one filesystem
+            # atomic on one filesystem
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
     return names
 
 
 def main(args):
     files = check_args(args)  # bad input refused in one line; --train_file's files (None: Hub)
     # The Hub repository first: a bad id, a missing login or no network should cost no training.
-    repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub") if args.push_to_hub else None
+    repo_id = (
+        hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub")
+        if args.push_to_hub
+        else None
+    )
     source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"  # a glob as given
     rows = corpus_rows(args, files, source)
     print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {source}.")
@@ -290,7 +363,9 @@ def main(args):
     if repo_id is not None:
         card = model_card.tokenizer_card(repo_id, tokenizer, SPECIAL_TOKENS, source, counts)
         message = f"Unigram tokenizer, {len(tokenizer)} tokens"
-        commit = hub.push_folder_files(repo_id, args.output_dir, names, card, message, what="the tokenizer")
+        commit = hub.push_folder_files(
+            repo_id, args.output_dir, names, card, message, what="the tokenizer"
+        )
         print(f"Pushed the tokenizer to the Hub: {commit.commit_url}")
     return tokenizer
 

@@ -1,13 +1,15 @@
-"""Input pipeline: sequences per second that run_mlm.py's training tf.data pipeline delivers, masking included,
-against the sequences per second its fastest training step consumes, measured side by side.
+"""Input pipeline: sequences per second that run_mlm.py's training tf.data pipeline delivers,
+masking included, against the sequences per second its fastest training step consumes, measured side
+by side.
 
     python benchmarks/input_pipeline.py --train_dataset shards/train --tokenizer tokenizer
 
-The pipeline is run_mlm.build_dataset(training=True) on the given shards, read to the end of each batch
-(file shuffle, interleaved reads, shuffle buffer, batch, parse, mask, prefetch), with nothing else running.
-The step is the tiny config with the sparse head (the fastest variant in benchmarks/training_speed.py),
-fed from memory. A ratio well above 1 means training never waits for data; the goal is 50x, so the
-pipeline keeps up on hardware that runs the step 50 times faster than this machine.
+The pipeline is run_mlm.build_dataset(training=True) on the given shards, read to the end of each
+batch (file shuffle, interleaved reads, shuffle buffer, batch, parse, mask, prefetch), with nothing
+else running. The step is the tiny config with the sparse head (the fastest variant in
+benchmarks/training_speed.py), fed from memory. A ratio well above 1 means training never waits for
+data; the goal is 50x, so the pipeline keeps up on hardware that runs the step 50 times faster than
+this machine.
 """
 
 import argparse
@@ -21,16 +23,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_mlm.py lives at the repository root
 
-import run_mlm  # noqa: E402
 from machine import describe_machine  # noqa: E402
-from mlm_pipeline import contract  # noqa: E402
 from training_speed import CONFIGS, build_variant, masked_batches, seconds_per_step  # noqa: E402
+
+import run_mlm  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train_dataset", required=True, help="A train split written by prepare_tfrecord_shards.py.")
-    parser.add_argument("--tokenizer", required=True, help="The tokenizer those shards were written with.")
+    parser.add_argument(
+        "--train_dataset",
+        required=True,
+        help="A train split written by prepare_tfrecord_shards.py.",
+    )
+    parser.add_argument(
+        "--tokenizer", required=True, help="The tokenizer those shards were written with."
+    )
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--mlm_probability", type=float, default=0.15)
     parser.add_argument("--shuffle_buffer_size", type=int, default=2**16)
@@ -53,20 +62,37 @@ def main():
     print(f"Machine: {describe_machine()}")
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
-    flags = run_mlm.parse_args([
-        "--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer, "--output_dir", "unused", "--seed", "0",
-        "--shuffle_buffer_size", str(args.shuffle_buffer_size), "--mlm_probability", str(args.mlm_probability),
-    ])  # fmt: skip  (run_mlm.py's own flags and defaults)
+    flags = run_mlm.parse_args(
+        [
+            "--train_dataset",
+            args.train_dataset,
+            "--tokenizer",
+            args.tokenizer,
+            "--output_dir",
+            "unused",
+            "--seed",
+            "0",
+            "--shuffle_buffer_size",
+            str(args.shuffle_buffer_size),
+            "--mlm_probability",
+            str(args.mlm_probability),
+        ]
+    )  # (run_mlm.py's own flags and defaults)
     dataset = run_mlm.build_dataset(
         manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
     )
     iterator = iter(dataset)
     sequences_per_second(iterator, 20, args.batch_size)  # fill the shuffle buffer and warm up
 
-    step_flags = argparse.Namespace(batch_size=args.batch_size, max_length=manifest["max_length"],
-                                    mlm_probability=args.mlm_probability)  # fmt: skip
+    step_flags = argparse.Namespace(
+        batch_size=args.batch_size,
+        max_length=manifest["max_length"],
+        mlm_probability=args.mlm_probability,
+    )
     tiny = dict(CONFIGS["tiny"], vocab_size=len(tokenizer))
-    model, memory_dataset = build_variant("sparse", tiny, masked_batches(step_flags, len(tokenizer)), step_flags)
+    model, memory_dataset = build_variant(
+        "sparse", tiny, masked_batches(step_flags, len(tokenizer)), step_flags
+    )
     seconds_per_step(model, memory_dataset, 3)
 
     supplied, consumed = [], []
@@ -74,8 +100,11 @@ def main():
         supplied.append(sequences_per_second(iterator, args.batches, args.batch_size))
         consumed.append(args.batch_size / seconds_per_step(model, memory_dataset, args.steps))
     supply, demand = statistics.median(supplied), statistics.median(consumed)
-    print(f"Shards: {len(manifest['files'])} files, {manifest['records']} sequences of {manifest['max_length']} tokens; "
-          f"batch {args.batch_size}; median of {args.rounds} rounds\n")  # fmt: skip
+    print(
+        f"Shards: {len(manifest['files'])} files, {manifest['records']} sequences of "
+        f"{manifest['max_length']} tokens; batch {args.batch_size}; median of {args.rounds} "
+        "rounds\n"
+    )
     print("| pipeline (sequences/s) | tiny sparse training step consumes (sequences/s) | ratio |")
     print("|---:|---:|---:|")
     print(f"| {supply:,.0f} | {demand:,.0f} | {supply / demand:.0f}x |")

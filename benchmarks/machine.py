@@ -1,7 +1,8 @@
-"""What every benchmark prints first: the machine it ran on, and (for training) the machine's matmul ceiling.
+"""What every benchmark prints first: the machine it ran on, and (for training) the machine's matmul
+ceiling.
 
-Figures from one run are only compared with figures from the same run: the machines these benchmarks run
-on are shared and noisy, so a ratio measured side by side is what carries over.
+Figures from one run are only compared with figures from the same run: the machines these benchmarks
+run on are shared and noisy, so a ratio measured side by side is what carries over.
 """
 
 import os
@@ -14,7 +15,9 @@ def describe_machine():
     model = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+            model = next(
+                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
     memory = ""
@@ -31,7 +34,9 @@ def describe_machine():
         except ImportError:
             pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model}, {cores} cores{memory}; Python {platform.python_version()}, {', '.join(versions)}"
+    return (
+        f"{model}, {cores} cores{memory}; Python {platform.python_version()}, {', '.join(versions)}"
+    )
 
 
 def fastest_time(function, repeats):
@@ -45,8 +50,8 @@ def fastest_time(function, repeats):
 
 
 def matmul_ceiling(dtype="float32", sizes=(1024, 2048, 4096), repeats=5):
-    """The best FLOP/s TensorFlow reaches on a square matmul here (the fastest of `repeats` calls, not the
-    median): the denominator of MFU."""
+    """The best FLOP/s TensorFlow reaches on a square matmul here (the fastest of `repeats` calls,
+    not the median): the denominator of MFU."""
     import tensorflow as tf
 
     best = 0.0

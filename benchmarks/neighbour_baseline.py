@@ -1,14 +1,16 @@
-"""How far the two neighbouring tokens alone get on the fill-mask task: a counting baseline for the quality table.
+"""How far the two neighbouring tokens alone get on the fill-mask task: a counting baseline for the
+quality table.
 
     python benchmarks/neighbour_baseline.py --train_dataset shards/train --eval_dataset shards/validation
 
-From prepare_tfrecord_shards.py's training shards it counts unigrams and bigrams (add-`--smoothing`), then
-scores every ordinary token of the evaluation shards as if it were masked, knowing only its left and right
-neighbours: P(token | left, right) is proportional to P(token | left) x P(right | token). Printed: top-1
-accuracy and cross-entropy of that, and of the unigram answer (no context at all). The neighbours are the
-true ones, never masked themselves, so this slightly flatters the counts next to a model evaluated with 15%
-of its tokens masked. A masked-LM that has learnt to read its neighbours should reach these figures; one
-still below the unigram row's accuracy predicts from corpus frequencies alone.
+From prepare_tfrecord_shards.py's training shards it counts unigrams and bigrams
+(add-`--smoothing`), then scores every ordinary token of the evaluation shards as if it were masked,
+knowing only its left and right neighbours: P(token | left, right) is proportional to P(token |
+left) x P(right | token). Printed: top-1 accuracy and cross-entropy of that, and of the unigram
+answer (no context at all). The neighbours are the true ones, never masked themselves, so this
+slightly flatters the counts next to a model evaluated with 15% of its tokens masked. A masked-LM
+that has learnt to read its neighbours should reach these figures; one still below the unigram row's
+accuracy predicts from corpus frequencies alone.
 """
 
 import argparse
@@ -17,7 +19,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # mlm_pipeline/ lives at the repository root
+# mlm_pipeline/ lives at the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlm_pipeline import contract  # noqa: E402
 from mlm_pipeline.errors import UsageError  # noqa: E402
@@ -25,10 +28,16 @@ from mlm_pipeline.errors import UsageError  # noqa: E402
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--train_dataset", required=True, help="A prepare_tfrecord_shards.py output folder.")
-    parser.add_argument("--eval_dataset", required=True, help="The same, for the split that is scored.")
+    parser.add_argument(
+        "--train_dataset", required=True, help="A prepare_tfrecord_shards.py output folder."
+    )
+    parser.add_argument(
+        "--eval_dataset", required=True, help="The same, for the split that is scored."
+    )
     parser.add_argument("--smoothing", type=float, default=0.1, help="Added to every bigram count.")
-    parser.add_argument("--chunk", type=int, default=2048, help="Positions scored at once (memory: chunk x vocab).")
+    parser.add_argument(
+        "--chunk", type=int, default=2048, help="Positions scored at once (memory: chunk x vocab)."
+    )
     return parser.parse_args()
 
 
@@ -40,7 +49,10 @@ def read_ids(folder, flag):
     manifest = contract.read_manifest(folder, flag)  # checked, with the shard files it lists
     feature = contract.record_features(manifest["max_length"])
     records = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
-    batches = [batch[contract.FEATURE_NAME].numpy() for batch in records.map(lambda x: tf.io.parse_example(x, feature))]
+    batches = [
+        batch[contract.FEATURE_NAME].numpy()
+        for batch in records.map(lambda x: tf.io.parse_example(x, feature))
+    ]
     return np.concatenate(batches).astype(np.int32), manifest
 
 
@@ -71,7 +83,8 @@ def main():
     correct, nats = 0, 0.0
     for start in range(0, len(middle), args.chunk):
         part = slice(start, start + args.chunk)
-        scores = log_next[left[part]] + log_next_transposed[right[part]]  # log P(m | left) + log P(right | m)
+        # log P(m | left) + log P(right | m)
+        scores = log_next[left[part]] + log_next_transposed[right[part]]
         scores[:, special] = -np.inf  # the task never asks for a special token
         top = scores.max(axis=1, keepdims=True)
         log_normaliser = top[:, 0] + np.log(np.exp(scores - top).sum(axis=1))
@@ -82,10 +95,19 @@ def main():
     probabilities = unigram / unigram.sum()
     unigram_nats = float(-np.log(probabilities[middle]).mean())
     unigram_accuracy = float((middle == probabilities.argmax()).mean())
-    print(f"Scored {len(middle):,} evaluation tokens with counts from {len(stream):,} training tokens.\n")
+    print(
+        f"Scored {len(middle):,} evaluation tokens with counts from {len(stream):,} training "
+        "tokens.\n"
+    )
     print("| context | accuracy | cross-entropy (nats) |\n|---|---:|---:|")
-    print(f"| none (unigram: always the most frequent token) | {unigram_accuracy:.3f} | {unigram_nats:.3f} |")
-    print(f"| left and right neighbour (bigram counts) | {correct / len(middle):.3f} | {nats / len(middle):.3f} |")
+    print(
+        f"| none (unigram: always the most frequent token) | {unigram_accuracy:.3f} | "
+        f"{unigram_nats:.3f} |"
+    )
+    print(
+        f"| left and right neighbour (bigram counts) | {correct / len(middle):.3f} | "
+        f"{nats / len(middle):.3f} |"
+    )
 
 
 if __name__ == "__main__":

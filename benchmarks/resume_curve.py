@@ -5,13 +5,13 @@
         --num_epochs 2 --save_steps 50 --per_replica_batch_size 16 \
         --config_overrides hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512
 
-Everything after `--` goes to run_mlm.py unchanged. The script runs it twice into `<output_dir>/uninterrupted`
-and `<output_dir>/interrupted`. The second run is killed (SIGKILL, no warning) as soon as a checkpoint at or
-past --kill_after_step exists, and the same command is then run again, which resumes it. It prints each
-epoch's losses from both runs' training_log.csv and the largest difference between their final weights.
-With dropout in the model the two runs draw different dropout masks after the resume, so they end close
-but not equal; with `hidden_dropout_prob=0,attention_probs_dropout_prob=0` they should agree to float
-rounding.
+Everything after `--` goes to run_mlm.py unchanged. The script runs it twice into
+`<output_dir>/uninterrupted` and `<output_dir>/interrupted`. The second run is killed (SIGKILL, no
+warning) as soon as a checkpoint at or past --kill_after_step exists, and the same command is then
+run again, which resumes it. It prints each epoch's losses from both runs' training_log.csv and the
+largest difference between their final weights. With dropout in the model the two runs draw
+different dropout masks after the resume, so they end close but not equal; with
+`hidden_dropout_prob=0,attention_probs_dropout_prob=0` they should agree to float rounding.
 """
 
 import argparse
@@ -32,8 +32,12 @@ from machine import describe_machine  # noqa: E402
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True, help="Folder for the two runs.")
-    parser.add_argument("--kill_after_step", type=int, required=True, help="Kill once a checkpoint this far exists.")
-    parser.add_argument("run_mlm_args", nargs=argparse.REMAINDER, help="-- then run_mlm.py's flags.")
+    parser.add_argument(
+        "--kill_after_step", type=int, required=True, help="Kill once a checkpoint this far exists."
+    )
+    parser.add_argument(
+        "run_mlm_args", nargs=argparse.REMAINDER, help="-- then run_mlm.py's flags."
+    )
     args = parser.parse_args()
     args.run_mlm_args = [arg for arg in args.run_mlm_args if arg != "--"]
     return args
@@ -41,7 +45,11 @@ def parse_args():
 
 def latest_checkpoint_step(output_dir):
     state = output_dir / "checkpoints" / "checkpoint"
-    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M) if state.exists() else None
+    match = (
+        re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
+        if state.exists()
+        else None
+    )
     return int(match.group(1)) if match else 0
 
 
@@ -56,7 +64,10 @@ def run_killed_then_resumed(command, output_dir, kill_after_step):
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while latest_checkpoint_step(output_dir) < kill_after_step:
         if process.poll() is not None:
-            sys.exit(f"the run ended before a checkpoint at step {kill_after_step}; lower --kill_after_step.")
+            sys.exit(
+                f"the run ended before a checkpoint at step {kill_after_step}; lower "
+                "--kill_after_step."
+            )
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -74,7 +85,8 @@ def read_log(output_dir):
 def final_weights(output_dir):
     from transformers import TFAutoModelForMaskedLM
 
-    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors) beside it.
+    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors)
+    # beside it.
     model = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
     return [weight.numpy() for weight in model.weights]
 
@@ -90,16 +102,24 @@ def main():
     killed_at, resumed_at = run_killed_then_resumed(
         command + ["--output_dir", str(interrupted)], interrupted, args.kill_after_step
     )
-    print(f"Killed with the newest checkpoint at step {killed_at}; the rerun resumed at step {resumed_at}.")
+    print(
+        f"Killed with the newest checkpoint at step {killed_at}; the rerun resumed at step "
+        f"{resumed_at}."
+    )
 
-    print("\n| epoch | loss (left alone) | loss (killed, resumed) | val loss (left alone) | val loss (killed, resumed) |")
+    print(
+        "\n| epoch | loss (left alone) | loss (killed, resumed) | val loss (left alone) | val "
+        "loss (killed, resumed) |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for row, other in zip(read_log(straight), read_log(interrupted)):
         print(
             f"| {int(row['epoch']) + 1} | {float(row['loss']):.5f} | {float(other['loss']):.5f} | "
             f"{float(row.get('val_loss', 'nan')):.5f} | {float(other.get('val_loss', 'nan')):.5f} |"
         )
-    largest = max(abs(a - b).max() for a, b in zip(final_weights(straight), final_weights(interrupted)))
+    largest = max(
+        abs(a - b).max() for a, b in zip(final_weights(straight), final_weights(interrupted))
+    )
     print(f"\nLargest difference between the final weights: {largest:.3g}")
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Building tf.train.Example bytes for packed sequences: four ways, alone and inside prepare's whole run.
+"""Building tf.train.Example bytes for packed sequences: four ways, alone and inside prepare's whole
+run.
 
     python benchmarks/serialize_records.py --train_file wt2/train.txt --tokenizer wt2/tokenizer --repeats 7
 
-prepare_tfrecord_shards.py turns every [N, max_length] block of token ids into N serialized Examples with
-one int64 feature. The ways compared, all checked to give the same bytes:
+prepare_tfrecord_shards.py turns every [N, max_length] block of token ids into N serialized Examples
+with one int64 feature. The ways compared, all checked to give the same bytes:
 
   varints     mlm_pipeline.packing.serialize_examples, what prepare uses: a protobuf encoder in numpy (the
               varints of the whole array at once, then the few bytes that open each record, cached by size),
@@ -17,7 +18,8 @@ one int64 feature. The ways compared, all checked to give the same bytes:
 
 Two measurements, each repeated --repeats times with the ways in rotating order:
 
-1. Alone: each way on the same int64 [N, max_length] array of real token ids (the records prepare wrote for
+1. Alone: each way on the same int64 [N, max_length] array of real token ids (the records prepare
+   wrote for
    --train_file). Median seconds, and the median over repeats of each way's time / the varints' time.
 2. End to end: prepare_tfrecord_shards.py's main() on --train_file, in this process, with
    packing.serialize_examples replaced by each way; wall and CPU seconds of the whole run (CPU: every thread's), the seconds spent in
@@ -48,10 +50,18 @@ from machine import describe_machine  # noqa: E402
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train_file", required=True, help="A .txt corpus, one document per line.")
-    parser.add_argument("--tokenizer", required=True, help="Tokenizer folder (train_unigram.py's --output_dir).")
-    parser.add_argument("--num_proc", type=int, help="Passed to prepare_tfrecord_shards.py if given.")
-    parser.add_argument("--max_length", type=int, default=128, help="Tokens per sequence (default: 128).")
-    parser.add_argument("--repeats", type=int, default=5, help="Rounds over the ways, for medians (default: 5).")
+    parser.add_argument(
+        "--tokenizer", required=True, help="Tokenizer folder (train_unigram.py's --output_dir)."
+    )
+    parser.add_argument(
+        "--num_proc", type=int, help="Passed to prepare_tfrecord_shards.py if given."
+    )
+    parser.add_argument(
+        "--max_length", type=int, default=128, help="Tokens per sequence (default: 128)."
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="Rounds over the ways, for medians (default: 5)."
+    )
     return parser.parse_args(argv)
 
 
@@ -60,21 +70,25 @@ def parse_args(argv=None):
 
 
 def encode_proto(sequences):
-    """tf.io.encode_proto on the whole array, one call per level of nesting, inside out (Int64List, Feature, the
-    map entry "input_ids" -> Feature, Features, Example), each on all rows: what prepare used before its records
-    had to be written without TensorFlow (Beam's workers)."""
+    """tf.io.encode_proto on the whole array, one call per level of nesting, inside out (Int64List,
+    Feature, the map entry "input_ids" -> Feature, Features, Example), each on all rows: what
+    prepare used before its records had to be written without TensorFlow (Beam's workers)."""
     import tensorflow as tf
 
     rows = len(sequences)
 
     def message(message_type, **fields):  # one value of each field per row
         values = [tf.reshape(value, [rows, 1]) for value in fields.values()]
-        return tf.io.encode_proto(tf.ones([rows, len(fields)], tf.int32), values, list(fields), message_type)
+        return tf.io.encode_proto(
+            tf.ones([rows, len(fields)], tf.int32), values, list(fields), message_type
+        )
 
     lengths = tf.fill([rows, 1], sequences.shape[1])
     int64_list = tf.io.encode_proto(lengths, [sequences], ["value"], "tensorflow.Int64List")
     feature = message("tensorflow.Feature", int64_list=int64_list)
-    entry = message("tensorflow.Features.FeatureEntry", key=tf.fill([rows], "input_ids"), value=feature)
+    entry = message(
+        "tensorflow.Features.FeatureEntry", key=tf.fill([rows], "input_ids"), value=feature
+    )
     features = message("tensorflow.Features", feature=entry)
     return message("tensorflow.Example", features=features).numpy().tolist()
 
@@ -85,7 +99,11 @@ def per_row(sequences):
     records = []
     for row in sequences:
         feature = tf.train.Feature(int64_list=tf.train.Int64List(value=row.tolist()))
-        records.append(tf.train.Example(features=tf.train.Features(feature={"input_ids": feature})).SerializeToString())
+        records.append(
+            tf.train.Example(
+                features=tf.train.Features(feature={"input_ids": feature})
+            ).SerializeToString()
+        )
     return records
 
 
@@ -102,7 +120,8 @@ def reused(sequences):
     return records
 
 
-WAYS = {"per-row": per_row, "reused": reused, "encode": encode_proto}  # main() adds prepare's own: "varints"
+# main() adds prepare's own: "varints"
+WAYS = {"per-row": per_row, "reused": reused, "encode": encode_proto}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -123,19 +142,24 @@ def rotations(names, repeats):
 
 def quietly(prepare, argv):
     """prepare's main() without its progress bar and closing line."""
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+    with (
+        open(os.devnull, "w") as devnull,
+        contextlib.redirect_stdout(devnull),
+        contextlib.redirect_stderr(devnull),
+    ):
         return prepare.main(prepare.parse_args(argv))
 
 
 def end_to_end(args, prepare, packing, scratch):
-    """prepare's main() once per way per round. Returns {way: [(wall, CPU, serialize wall, serialize CPU)]}, in
-    seconds, and the last run's manifest and folder."""
+    """prepare's main() once per way per round. Returns {way: [(wall, CPU, serialize wall, serialize
+    CPU)]}, in seconds, and the last run's manifest and folder."""
     original = packing.serialize_examples
     results = {name: [] for name in WAYS}
     manifest = None
     for round_number, order in enumerate(rotations(list(WAYS), args.repeats)):
         for name in order:
-            spent = [0.0, 0.0]  # wall, and CPU of the main thread, which is the thread that serializes
+            # wall, and CPU of the main thread, which is the thread that serializes
+            spent = [0.0, 0.0]
 
             def timed(sequences, way=WAYS[name]):
                 wall, cpu = time.perf_counter(), time.thread_time()
@@ -156,7 +180,10 @@ def end_to_end(args, prepare, packing, scratch):
             finally:
                 packing.serialize_examples = original
             results[name].append((wall, cpu, *spent))
-            print(f"round {round_number + 1}, {name}: {wall:.2f} s, serialize {spent[0]:.2f} s", flush=True)
+            print(
+                f"round {round_number + 1}, {name}: {wall:.2f} s, serialize {spent[0]:.2f} s",
+                flush=True,
+            )
     return results, manifest, output_dir
 
 
@@ -166,7 +193,11 @@ def read_sequences(split_dir, manifest):
 
     files = [f"{split_dir}/{shard['file']}" for shard in manifest["shards"]]
     spec = {"input_ids": tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
-    batches = tf.data.TFRecordDataset(files).batch(4096).map(lambda records: tf.io.parse_example(records, spec))
+    batches = (
+        tf.data.TFRecordDataset(files)
+        .batch(4096)
+        .map(lambda records: tf.io.parse_example(records, spec))
+    )
     return np.concatenate([batch["input_ids"].numpy() for batch in batches])
 
 
@@ -190,18 +221,36 @@ def main(args):
 
     WAYS["varints"] = packing.serialize_examples
 
-    args.train_file, args.tokenizer = os.path.abspath(args.train_file), os.path.abspath(args.tokenizer)
+    args.train_file, args.tokenizer = (
+        os.path.abspath(args.train_file),
+        os.path.abspath(args.tokenizer),
+    )
     print(f"machine: {describe_machine()}")
-    print(f"corpus: {os.path.basename(args.train_file)}, --max_length {args.max_length}, --repeats {args.repeats}\n")
+    print(
+        f"corpus: {os.path.basename(args.train_file)}, --max_length {args.max_length}, --repeats "
+        f"{args.repeats}\n"
+    )
     median = statistics.median
     with tempfile.TemporaryDirectory(prefix="serialize-benchmark-") as scratch:
-        quietly(prepare, [
-            "--train_file", args.train_file, "--tokenizer_name_or_path", args.tokenizer,
-            "--max_length", str(args.max_length), "--output_dir", f"{scratch}/warm-up",
-        ])  # fmt: skip  (a first run pays the imports and reads the file into the page cache)
+        quietly(
+            prepare,
+            [
+                "--train_file",
+                args.train_file,
+                "--tokenizer_name_or_path",
+                args.tokenizer,
+                "--max_length",
+                str(args.max_length),
+                "--output_dir",
+                f"{scratch}/warm-up",
+            ],
+        )  # (a first run pays the imports and reads the file into the page cache)
         runs, manifest, output_dir = end_to_end(args, prepare, packing, scratch)
         sequences = read_sequences(f"{output_dir}/train", manifest)
-    print(f"\n{sequences.shape[0]} records of {sequences.shape[1]} ids, the largest {sequences.max()}\n")
+    print(
+        f"\n{sequences.shape[0]} records of {sequences.shape[1]} ids, the largest "
+        f"{sequences.max()}\n"
+    )
 
     times = alone(sequences, args.repeats)
     base = times["varints"]
@@ -220,13 +269,27 @@ def main(args):
         wall_ratio = median([mine[0] / theirs[0] for mine, theirs in zip(results, base)])
         cpu_ratio = median([mine[1] / theirs[1] for mine, theirs in zip(results, base)])
         share = median([serialize_cpu / cpu for _, cpu, _, serialize_cpu in results])
-        rows.append([
-            name, f"{median(walls):.2f}", f"{median(cpus):.2f}", f"{median(spent):.2f} ({median(spent_cpu):.2f})",
-            f"{share:.1%}", f"{wall_ratio:.2f}× ({cpu_ratio:.2f}×)",
-        ])  # fmt: skip
-    print(f"\nEnd to end: prepare_tfrecord_shards.py main() on {os.path.basename(args.train_file)}:\n")
-    header = ["way", "median wall s", "median CPU s", "in serialize: wall s (CPU s)", "serialize share of CPU",
-              "vs varints: wall (CPU), median of rounds"]  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{median(walls):.2f}",
+                f"{median(cpus):.2f}",
+                f"{median(spent):.2f} ({median(spent_cpu):.2f})",
+                f"{share:.1%}",
+                f"{wall_ratio:.2f}× ({cpu_ratio:.2f}×)",
+            ]
+        )
+    print(
+        f"\nEnd to end: prepare_tfrecord_shards.py main() on {os.path.basename(args.train_file)}:\n"
+    )
+    header = [
+        "way",
+        "median wall s",
+        "median CPU s",
+        "in serialize: wall s (CPU s)",
+        "serialize share of CPU",
+        "vs varints: wall (CPU), median of rounds",
+    ]
     print_table(header, rows)
     print(f"\nload average at the end: {' '.join(f'{value:.2f}' for value in os.getloadavg())}")
 

@@ -1,10 +1,11 @@
-"""The sparse LM head against full logits on real shards: loss at every step, and time per step, side by side.
+"""The sparse LM head against full logits on real shards: loss at every step, and time per step,
+side by side.
 
     python benchmarks/sparse_head_curves.py --train_dataset shards/train --tokenizer tokenizer --steps 300
 
-Both runs start from the same initial weights and read the same batches with the same masks (same seed),
-so any difference in the loss curves comes from the head. run_mlm.py's own functions build the data and
-the model; the loss of each step is recovered from fit()'s running mean.
+Both runs start from the same initial weights and read the same batches with the same masks (same
+seed), so any difference in the loss curves comes from the head. run_mlm.py's own functions build
+the data and the model; the loss of each step is recovered from fit()'s running mean.
 """
 
 import argparse
@@ -17,10 +18,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run_mlm.py lives at the repository root
 
-import run_mlm  # noqa: E402
 from machine import describe_machine  # noqa: E402
-from mlm_pipeline import contract  # noqa: E402
 from training_speed import CONFIGS  # noqa: E402
+
+import run_mlm  # noqa: E402
+from mlm_pipeline import contract  # noqa: E402
 
 
 def parse_args():
@@ -41,18 +43,39 @@ def train(head, args, tokenizer, manifest):
     import tf_keras
 
     overrides = ",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size")
-    flags = run_mlm.parse_args([
-        "--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer, "--output_dir", "unused",
-        "--seed", "0", "--shuffle_buffer_size", "10000", "--mlm_head", head, "--learning_rate", str(args.learning_rate),
-        "--warmup_ratio", "0.05", "--per_replica_batch_size", str(args.batch_size), "--no_pytorch_export",
-        "--config_overrides", overrides,
-    ])  # fmt: skip  (run_mlm.py's own flags; its defaults for the rest)
+    flags = run_mlm.parse_args(
+        [
+            "--train_dataset",
+            args.train_dataset,
+            "--tokenizer",
+            args.tokenizer,
+            "--output_dir",
+            "unused",
+            "--seed",
+            "0",
+            "--shuffle_buffer_size",
+            "10000",
+            "--mlm_head",
+            head,
+            "--learning_rate",
+            str(args.learning_rate),
+            "--warmup_ratio",
+            "0.05",
+            "--per_replica_batch_size",
+            str(args.batch_size),
+            "--no_pytorch_export",
+            "--config_overrides",
+            overrides,
+        ]
+    )  # (run_mlm.py's own flags; its defaults for the rest)
     tf_keras.utils.set_random_seed(0)  # the same initial weights for both heads
     config = run_mlm.build_config(flags, tokenizer, manifest["max_length"])
     dataset = run_mlm.build_dataset(
         manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
     )
-    _, trainer = run_mlm.build_model(config, flags, args.steps, tf.distribute.get_strategy(), tokenizer.mask_token_id)
+    _, trainer = run_mlm.build_model(
+        config, flags, args.steps, tf.distribute.get_strategy(), tokenizer.mask_token_id
+    )
 
     class StepLog(tf_keras.callbacks.Callback):
         def __init__(self):
@@ -66,7 +89,9 @@ def train(head, args, tokenizer, manifest):
     log = StepLog()
     trainer.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=[log])
     # fit() reports the running mean of the epoch; step k's own loss is k*mean_k - (k-1)*mean_(k-1).
-    losses = [log.means[0]] + [(k + 1) * log.means[k] - k * log.means[k - 1] for k in range(1, len(log.means))]
+    losses = [log.means[0]] + [
+        (k + 1) * log.means[k] - k * log.means[k - 1] for k in range(1, len(log.means))
+    ]
     seconds = (log.times[-1] - log.times[4]) / (len(log.times) - 5)
     return losses, seconds
 
@@ -79,8 +104,10 @@ def main():
     full_losses, full_seconds = train("full", args, tokenizer, manifest)
     sparse_losses, sparse_seconds = train("sparse", args, tokenizer, manifest)
 
-    print(f"{args.config} config, vocab {len(tokenizer)}, batch {args.batch_size} x {manifest['max_length']}, "
-          f"lr {args.learning_rate}, {args.steps} steps\n")  # fmt: skip
+    print(
+        f"{args.config} config, vocab {len(tokenizer)}, batch {args.batch_size} x "
+        f"{manifest['max_length']}, lr {args.learning_rate}, {args.steps} steps\n"
+    )
     print("| step | loss, full logits | loss, sparse head | difference |")
     print("|---:|---:|---:|---:|")
     for step in list(range(0, args.steps, args.print_every)) + [args.steps - 1]:
@@ -88,9 +115,12 @@ def main():
         print(f"| {step + 1} | {full:.4f} | {sparse:.4f} | {sparse - full:+.4f} |")
     largest = max(abs(a - b) for a, b in zip(full_losses, sparse_losses))
     print(f"\nLargest per-step difference over {args.steps} steps: {largest:.2e}")
-    # The two runs are sequential, so this ratio is rougher than benchmarks/training_speed.py's interleaved one.
-    print(f"Seconds per step (sequential runs): full {full_seconds:.3f}, sparse {sparse_seconds:.3f} "
-          f"({full_seconds / sparse_seconds:.2f}x the tokens per second)")  # fmt: skip
+    # The two runs are sequential, so this ratio is rougher than benchmarks/training_speed.py's
+    # interleaved one.
+    print(
+        f"Seconds per step (sequential runs): full {full_seconds:.3f}, sparse {sparse_seconds:.3f} "
+        f"({full_seconds / sparse_seconds:.2f}x the tokens per second)"
+    )
 
 
 if __name__ == "__main__":

@@ -4,22 +4,25 @@
     python benchmarks/tokenizer_efficiency.py --train_file wiki.train.tokens \
         --validation_file wiki.valid.tokens --vocab_size 8000
 
-Trains three Unigram tokenizers of --vocab_size pieces on --train_file, one after the other, in this process:
+Trains three Unigram tokenizers of --vocab_size pieces on --train_file, one after the other, in this
+process:
 
   reference      the old train_unigram.py: 🤗 tokenizers' UnigramTrainer with its defaults, NFKC, a plain
                  Metaspace pre-tokenizer (prepend_scheme="always"), the five special tokens
   train_unigram  train_unigram.main() as it is now, whole (reading, training, canonicalizing, saving)
   sentencepiece  the `sentencepiece` package's own trainer, model_type=unigram, its defaults otherwise
 
-then encodes every non-blank line of --validation_file (without [CLS]/[SEP]) and prints a markdown table.
-Words are the whitespace-separated words of those lines; a bare "▁" is a token that is only the space marker.
+then encodes every non-blank line of --validation_file (without [CLS]/[SEP]) and prints a markdown
+table. Words are the whitespace-separated words of those lines; a bare "▁" is a token that is only
+the space marker.
 
-WikiText writes each rare word as the literal text "<unk>". The 🤗 tokenizers read it as their <unk> special
-token, one token; SentencePiece spells it "<", "un", "k", ">" ("<" and ">" unknown to it) after a bare "▁".
-So the table also counts with each literal "<unk>" as one token: the text between them encoded on its own,
-as the 🤗 tokenizers do around a special token. Training times are wall times on a possibly shared machine
-(the load average is printed), beside the CPU time of this process (all threads: SentencePiece uses several,
-the 🤗 UnigramTrainer mostly one); libraries are imported before any clock starts.
+WikiText writes each rare word as the literal text "<unk>". The 🤗 tokenizers read it as their <unk>
+special token, one token; SentencePiece spells it "<", "un", "k", ">" ("<" and ">" unknown to it)
+after a bare "▁". So the table also counts with each literal "<unk>" as one token: the text between
+them encoded on its own, as the 🤗 tokenizers do around a special token. Training times are wall
+times on a possibly shared machine (the load average is printed), beside the CPU time of this
+process (all threads: SentencePiece uses several, the 🤗 UnigramTrainer mostly one); libraries are
+imported before any clock starts.
 """
 
 import argparse
@@ -31,23 +34,29 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # describe_machine() imports TensorFlow for its version
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # train_unigram.py's folder
+# describe_machine() imports TensorFlow for its version
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# train_unigram.py's folder
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine import describe_machine  # noqa: E402
 
 import train_unigram  # noqa: E402
-from machine import describe_machine  # noqa: E402
 
 SPACE_MARKER = "▁"
 LITERAL_UNK = "<unk>"  # WikiText's stand-in for a rare word
 
-# encode: a list of texts -> their token lists; is_unknown: token -> bool; clock: training (wall s, CPU s)
+# encode: a list of texts -> their token lists; is_unknown: token -> bool; clock: training (wall s,
+# CPU s)
 Trained = collections.namedtuple("Trained", "encode is_unknown clock")
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train_file", required=True, help="Training text, one document per line.")
-    parser.add_argument("--validation_file", required=True, help="Held-out text, one document per line.")
+    parser.add_argument(
+        "--validation_file", required=True, help="Held-out text, one document per line."
+    )
     parser.add_argument("--vocab_size", type=int, default=8000)
     args = parser.parse_args(argv)
     for flag in ("train_file", "validation_file"):
@@ -118,14 +127,21 @@ def train_reference(train_file, vocab_size):
 
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE_MARKER, prepend_scheme="always"
+    )
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always")
     trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=train_unigram.SPECIAL_TOKENS, unk_token="<unk>", show_progress=False
+        vocab_size=vocab_size,
+        special_tokens=train_unigram.SPECIAL_TOKENS,
+        unk_token="<unk>",
+        show_progress=False,
     )
     with stopwatch() as clock:
         lines = non_blank_lines(train_file)
-        tokenizer.train_from_iterator((lines[i : i + 1000] for i in range(0, len(lines), 1000)), trainer=trainer)
+        tokenizer.train_from_iterator(
+            (lines[i : i + 1000] for i in range(0, len(lines), 1000)), trainer=trainer
+        )
     return Trained(hf_encoder(tokenizer), LITERAL_UNK.__eq__, clock)
 
 
@@ -143,10 +159,15 @@ def train_sentencepiece(train_file, vocab_size, folder):
     prefix = os.path.join(folder, "sentencepiece")
     with stopwatch() as clock:
         sentencepiece.SentencePieceTrainer.train(
-            input=train_file, model_prefix=prefix, vocab_size=vocab_size, model_type="unigram", minloglevel=2
+            input=train_file,
+            model_prefix=prefix,
+            vocab_size=vocab_size,
+            model_type="unigram",
+            minloglevel=2,
         )
     processor = sentencepiece.SentencePieceProcessor(model_file=prefix + ".model")
-    unk_id = processor.unk_id()  # an unknown character comes back as itself, not as "<unk>": its id tells
+    # an unknown character comes back as itself, not as "<unk>": its id tells
+    unk_id = processor.unk_id()
 
     def encode(texts):
         return processor.encode(texts, out_type=str)
@@ -155,7 +176,9 @@ def train_sentencepiece(train_file, vocab_size, folder):
 
 
 def hf_encoder(tokenizer):
-    return lambda texts: [encoding.tokens for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [
+        encoding.tokens for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,21 +215,37 @@ def main(args):
     print(f"Load average before: {load_average()}")
     lines = non_blank_lines(args.validation_file)
     words = sum(len(line.split()) for line in lines)
-    print(f"Validation: {len(lines)} non-blank lines, {words} words; vocabulary {args.vocab_size} pieces")
+    print(
+        f"Validation: {len(lines)} non-blank lines, {words} words; vocabulary {args.vocab_size} "
+        "pieces"
+    )
 
     with tempfile.TemporaryDirectory() as folder:
         results = {
-            "reference (UnigramTrainer defaults, plain Metaspace)": train_reference(args.train_file, args.vocab_size),
+            "reference (UnigramTrainer defaults, plain Metaspace)": train_reference(
+                args.train_file, args.vocab_size
+            ),
             "train_unigram.py": train_ours(args.train_file, args.vocab_size, folder),
-            "sentencepiece unigram (its defaults)": train_sentencepiece(args.train_file, args.vocab_size, folder),
+            "sentencepiece unigram (its defaults)": train_sentencepiece(
+                args.train_file, args.vocab_size, folder
+            ),
         }
-    columns = ["tokens/word", "tokens/word, <unk> as one", "bare ▁", "bare ▁, <unk> as one", "unknown"]
+    columns = [
+        "tokens/word",
+        "tokens/word, <unk> as one",
+        "bare ▁",
+        "bare ▁, <unk> as one",
+        "unknown",
+    ]
     print()
     print("| tokenizer | " + " | ".join(columns) + " | training wall s | training CPU s |")
     print("|---|" + "---:|" * (len(columns) + 2))
     for tokenizer, trained in results.items():
         stats = measure(trained, lines, words)
-        cells = [f"{stats[name]:.3f}" if name.startswith("tokens") else f"{stats[name]:.1%}" for name in columns]
+        cells = [
+            f"{stats[name]:.3f}" if name.startswith("tokens") else f"{stats[name]:.1%}"
+            for name in columns
+        ]
         wall, cpu = trained.clock
         print(f"| {tokenizer} | " + " | ".join(cells) + f" | {wall:.1f} | {cpu:.1f} |")
     print(f"\nLoad average after: {load_average()}")

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Wall time of train_unigram.py's whole main() versus the 🤗 tokenizers Unigram trainer called alone.
+"""Wall time of train_unigram.py's whole main() versus the 🤗 tokenizers Unigram trainer called
+alone.
 
     python benchmarks/tokenizer_training.py --train_file wiki.train.tokens --vocab_size 8000 --pairs 8
 
-Both run in this process, one after the other, in pairs whose order alternates (A B, B A, A B, ...) so that
-a slow spell of a shared machine hits both alike; each pair gives the ratio A / B, and the median of those
-ratios is the result (goal: at most 1.1).
+Both run in this process, one after the other, in pairs whose order alternates (A B, B A, A B, ...)
+so that a slow spell of a shared machine hits both alike; each pair gives the ratio A / B, and the
+median of those ratios is the result (goal: at most 1.1).
 
   A  train_unigram.main(): read the file line by line, train, canonicalize, wrap for transformers, save.
   B  the trainer alone: the same tokenizers Tokenizer (train_unigram's normalizer and training
@@ -13,8 +14,8 @@ ratios is the result (goal: at most 1.1).
      batches of 1000; nothing else. So A - B is what train_unigram.py adds around the trainer.
 
 Import time is excluded from both: an untimed run of each first imports every library (transformers,
-tokenizers) and reads the file once, so that both find it in the page cache. The CPU time of this process
-is printed beside the wall time: on a machine others share it is the steadier of the two.
+tokenizers) and reads the file once, so that both find it in the page cache. The CPU time of this
+process is printed beside the wall time: on a machine others share it is the steadier of the two.
 """
 
 import argparse
@@ -24,12 +25,15 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # describe_machine() imports TensorFlow for its version
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # train_unigram.py's folder
+# describe_machine() imports TensorFlow for its version
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# train_unigram.py's folder
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import train_unigram  # noqa: E402
 from machine import describe_machine  # noqa: E402
 from tokenizer_efficiency import as_txt, load_average, quiet  # noqa: E402
+
+import train_unigram  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -72,7 +76,10 @@ def main(args):
     print(f"Machine: {describe_machine()}")
     print(f"Load average before: {load_average()}")
     size = os.path.getsize(args.train_file) / 1e6
-    print(f"Corpus: {os.path.basename(args.train_file)} ({size:.1f} MB), vocabulary {args.vocab_size} pieces")
+    print(
+        f"Corpus: {os.path.basename(args.train_file)} ({size:.1f} MB), vocabulary "
+        f"{args.vocab_size} pieces"
+    )
     with tempfile.TemporaryDirectory() as folder:
         train_file = as_txt(args.train_file, folder)
         output_dir = os.path.join(folder, "tokenizer")
@@ -92,10 +99,16 @@ def main(args):
     print("| pair | order | A wall s | B wall s | A / B wall | A CPU s | B CPU s | A / B CPU |")
     print("|---:|:---:|---:|---:|---:|---:|---:|---:|")
     for pair, order, a, b, ratio, a_cpu, b_cpu, ratio_cpu in rows:
-        print(f"| {pair} | {order} | {a:.2f} | {b:.2f} | {ratio:.3f} | {a_cpu:.2f} | {b_cpu:.2f} | {ratio_cpu:.3f} |")
+        print(
+            f"| {pair} | {order} | {a:.2f} | {b:.2f} | {ratio:.3f} | {a_cpu:.2f} | {b_cpu:.2f} | "
+            f"{ratio_cpu:.3f} |"
+        )
     wall, cpu = statistics.median(row[4] for row in rows), statistics.median(row[7] for row in rows)
     print()
-    print(f"Median of A / B over {len(rows)} pairs: {wall:.3f} in wall time (goal: at most 1.1), {cpu:.3f} in CPU time")
+    print(
+        f"Median of A / B over {len(rows)} pairs: {wall:.3f} in wall time (goal: at most 1.1), "
+        f"{cpu:.3f} in CPU time"
+    )
     print(f"Load average after: {load_average()}")
 
 

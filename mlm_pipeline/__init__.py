@@ -1,8 +1,8 @@
 """The production plumbing of the pretraining scripts: what makes a run survive the real world.
 
-The three scripts beside this folder tell the story of each step (data, masking, model, optimizer, fit,
-save); the modules here hold what a long run on a TPU VM also needs, one concern each, each readable on its
-own. Scripts import these modules; nothing here imports a script.
+The three scripts beside this folder tell the story of each step (data, masking, model, optimizer,
+fit, save); the modules here hold what a long run on a TPU VM also needs, one concern each, each
+readable on its own. Scripts import these modules; nothing here imports a script.
 
     errors          one-line errors: UsageError, the argparse parser and types, how a script exits
     tf_startup      TensorFlow's start-up log, held back unless start-up fails

@@ -1,17 +1,19 @@
 """run_mlm.py's output folder, its checkpoints, and resuming a run that was interrupted.
 
-A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end, next to
-run_settings.json, the settings those step numbers belong to. Running the same command again resumes from
-the newest checkpoint: the weights, the optimizer's moments and its step count, which is also the position
-of the learning-rate schedule and of the data stream. Each epoch's row of training_log.csv is written
-after the checkpoint that ends the epoch, and a copy of it is saved just before that checkpoint, so that a
-run killed in between writes the row when it resumes: one row per epoch, none missing, none twice. A folder
-holding config.json holds a finished model, replaced only with --overwrite_output_dir.
+A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end,
+next to run_settings.json, the settings those step numbers belong to. Running the same command again
+resumes from the newest checkpoint: the weights, the optimizer's moments and its step count, which
+is also the position of the learning-rate schedule and of the data stream. Each epoch's row of
+training_log.csv is written after the checkpoint that ends the epoch, and a copy of it is saved just
+before that checkpoint, so that a run killed in between writes the row when it resumes: one row per
+epoch, none missing, none twice. A folder holding config.json holds a finished model, replaced only
+with --overwrite_output_dir.
 """
 
 import json
 import tempfile
 
+from . import training_logs
 from .contract import (
     CHECKPOINT_DIR,
     CURVES_NAME,
@@ -24,10 +26,10 @@ from .contract import (
 )
 from .errors import UsageError, first_line
 from .storage import check_local_output_dir, is_remote, write_whole
-from . import training_logs
 from .training_logs import read_training_log, training_log_path, write_epoch_row
 
-# The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the checkpoints.
+# The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the
+# checkpoints.
 EPOCH_ROW_NAME = "epoch_row.json"
 
 
@@ -36,16 +38,20 @@ def checkpoint_dir(output_dir):
 
 
 def check_output_dir(output_dir, overwrite_output_dir):
-    """A finished model is only replaced on request (prepare_output_dir() does it, once all input checks pass).
+    """A finished model is only replaced on request (prepare_output_dir() does it, once all input
+    checks pass).
 
-    A local --output_dir that cannot be created or written is refused here, before any work (a gs:// one was
-    written to and cleaned up by storage.check_gcs_paths already).
+    A local --output_dir that cannot be created or written is refused here, before any work (a gs://
+    one was written to and cleaned up by storage.check_gcs_paths already).
     """
     import tensorflow as tf
 
     if not is_remote(output_dir):
         check_local_output_dir(output_dir)
-    if tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}") and not overwrite_output_dir:
+    if (
+        tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}")
+        and not overwrite_output_dir
+    ):
         raise UsageError(
             f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
             "pass --overwrite_output_dir to replace it, or choose another folder."
@@ -53,12 +59,15 @@ def check_output_dir(output_dir, overwrite_output_dir):
 
 
 def run_settings(config, train_manifest, global_batch_size, total_steps, recipe):
-    """What a checkpoint's step number means: resuming under other settings would continue another run.
+    """What a checkpoint's step number means: resuming under other settings would continue another
+    run.
 
-    `recipe`: the settings, by name, that shape the stream of batches and the optimizer (seed, masking,
-    shuffling, schedule).
+    `recipe`: the settings, by name, that shape the stream of batches and the optimizer (seed,
+    masking, shuffling, schedule).
     """
-    architecture = {key: value for key, value in config.to_dict().items() if key != "transformers_version"}
+    architecture = {
+        key: value for key, value in config.to_dict().items() if key != "transformers_version"
+    }
     settings = {
         "train_records": train_manifest["records"],
         "max_length": train_manifest["max_length"],
@@ -67,16 +76,19 @@ def run_settings(config, train_manifest, global_batch_size, total_steps, recipe)
         **recipe,
         "config": architecture,
     }
-    return json.loads(json.dumps(settings))  # as they read back from run_settings.json (JSON keys are strings)
+    # as they read back from run_settings.json (JSON keys are strings)
+    return json.loads(json.dumps(settings))
 
 
 def prepare_output_dir(output_dir, overwrite_output_dir, settings):
-    """Start afresh, or check that the checkpoints there belong to this very run so they can be resumed.
+    """Start afresh, or check that the checkpoints there belong to this very run so they can be
+    resumed.
 
-    Replacing a finished run (--overwrite_output_dir) starts afresh: its checkpoints must not be resumed, and
-    the folder must stop looking finished at once, so that an interruption of the new run is resumed when
-    the same command runs again rather than refused. The settings of a new run are recorded next to its
-    checkpoints; resuming under other settings would continue a different run, so it is refused.
+    Replacing a finished run (--overwrite_output_dir) starts afresh: its checkpoints must not be
+    resumed, and the folder must stop looking finished at once, so that an interruption of the new
+    run is resumed when the same command runs again rather than refused. The settings of a new run
+    are recorded next to its checkpoints; resuming under other settings would continue a different
+    run, so it is refused.
     """
     import tensorflow as tf
 
@@ -88,24 +100,33 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
         for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME, MODEL_CARD_NAME):
             if tf.io.gfile.exists(f"{output_dir}/{name}"):
                 tf.io.gfile.remove(f"{output_dir}/{name}")
-        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's behind.
-        for old_folder in (folder, f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{PYTORCH_DIR}"):
+        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's
+        # behind.
+        for old_folder in (
+            folder,
+            f"{output_dir}/{TENSORBOARD_DIR}",
+            f"{output_dir}/{PYTORCH_DIR}",
+        ):
             if tf.io.gfile.exists(old_folder):
                 tf.io.gfile.rmtree(old_folder)
 
-    if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):  # check_output_dir() allowed replacing it
+    # check_output_dir() allowed replacing it
+    if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):
         start_afresh()
     if tf.train.latest_checkpoint(folder) and tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as file:
             saved = json.load(file)
-        changed = sorted(key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key))
+        changed = sorted(
+            key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key)
+        )
         if not changed:
             return
         if not overwrite_output_dir:
             raise UsageError(
-                f"--output_dir {output_dir} holds checkpoints of a run with other settings ({', '.join(changed)} "
-                "differ), so resuming them would not continue that run; rerun its exact command, choose another "
-                "folder, or pass --overwrite_output_dir to start afresh."
+                f"--output_dir {output_dir} holds checkpoints of a run with other settings "
+                f"({', '.join(changed)} differ), so resuming them would not continue that run; "
+                "rerun its exact command, choose another folder, or pass --overwrite_output_dir "
+                "to start afresh."
             )
         start_afresh()
     tf.io.gfile.makedirs(folder)
@@ -113,12 +134,14 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
 
 
 def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
-    """Resume from the newest checkpoint in `output_dir`, if any; returns its manager and the step to start at.
+    """Resume from the newest checkpoint in `output_dir`, if any; returns its manager and the step
+    to start at.
 
-    A checkpoint holds the weights and the optimizer: its moments and its step count, which is also the
-    learning-rate schedule's position and, through the data stream's seeds, the position in the data.
-    `keep`: how many checkpoints the manager keeps (--save_total_limit). On the `chief`, the epoch that
-    checkpoint ends gets its row of training_log.csv if the interrupted run was killed before writing it.
+    A checkpoint holds the weights and the optimizer: its moments and its step count, which is also
+    the learning-rate schedule's position and, through the data stream's seeds, the position in the
+    data. `keep`: how many checkpoints the manager keeps (--save_total_limit). On the `chief`, the
+    epoch that checkpoint ends gets its row of training_log.csv if the interrupted run was killed
+    before writing it.
     """
     import tensorflow as tf
 
@@ -149,38 +172,46 @@ def log_epoch_of_checkpoint(output_dir, step):
     with tf.io.gfile.GFile(path) as file:
         saved = json.load(file)
     log = training_log_path(output_dir)
-    if saved["step"] == step and str(saved["epoch"]) not in {row["epoch"] for row in read_training_log(log)[1]}:
+    if saved["step"] == step and str(saved["epoch"]) not in {
+        row["epoch"] for row in read_training_log(log)[1]
+    }:
         write_epoch_row(log, saved["epoch"], saved["logs"])
 
 
 def scratch_manager(manager):
-    """For a worker that is not the chief: the same checkpoint, saved into a scratch folder of its own.
+    """For a worker that is not the chief: the same checkpoint, saved into a scratch folder of its
+    own.
 
-    Saving a checkpoint may take part in the cluster's collective ops, so every worker saves; only the
-    chief's land in --output_dir. Remove the folder (`manager.directory`) when training ends.
+    Saving a checkpoint may take part in the cluster's collective ops, so every worker saves; only
+    the chief's land in --output_dir. Remove the folder (`manager.directory`) when training ends.
     """
     import tensorflow as tf
 
-    return tf.train.CheckpointManager(manager.checkpoint, tempfile.mkdtemp(prefix="worker-checkpoints-"), max_to_keep=1)
+    return tf.train.CheckpointManager(
+        manager.checkpoint, tempfile.mkdtemp(prefix="worker-checkpoints-"), max_to_keep=1
+    )
 
 
 def checkpoint_callback(manager, save_steps, training_log=None):
-    """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never) and at the
-    end of every epoch, the epoch's last step included: it waits for the epoch's evaluation.
+    """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never)
+    and at the end of every epoch, the epoch's last step included: it waits for the epoch's
+    evaluation.
 
     `training_log`: on the chief, the path of training_log.csv, which gets each epoch's row once the
-    checkpoint that ends the epoch is saved; a copy of the row is saved first, beside the checkpoints, for a
-    run killed between the two (restore_checkpoint writes it then).
+    checkpoint that ends the epoch is saved; a copy of the row is saved first, beside the
+    checkpoints, for a run killed between the two (restore_checkpoint writes it then).
     """
     import tf_keras
 
     class SaveCheckpoints(tf_keras.callbacks.Callback):
-        """The step is read from the device once per epoch and counted on the host in between: reading it
-        after every batch would stall each step (on a TPU, each execution) until the device catches up."""
+        """The step is read from the device once per epoch and counted on the host in between:
+        reading it after every batch would stall each step (on a TPU, each execution) until the
+        device catches up."""
 
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True  # the logs stay on the device too: nothing here reads them
+            # the logs stay on the device too: nothing here reads them
+            self._supports_tf_logs = True
             self.saved_step = None
             self.epoch_start = None
 
@@ -199,11 +230,14 @@ def checkpoint_callback(manager, save_steps, training_log=None):
             self.epoch_start = self.step()
 
         def on_train_batch_end(self, batch, logs=None):
-            # `batch` is the index of the last step run in this epoch; with --steps_per_execution > 1 this
-            # runs once per execution, so save on crossing a multiple of save_steps.
+            # `batch` is the index of the last step run in this epoch; with --steps_per_execution >
+            # 1 this runs once per execution, so save on crossing a multiple of save_steps.
             if batch + 1 == self.params["steps"]:
-                return  # saved at the epoch's end instead, after its evaluation: saved here, a kill during the
-                # evaluation would resume past an epoch whose row of training_log.csv was never written
+                # saved at the epoch's end instead, after its evaluation: saved here, a kill during
+                # the
+                return
+                # evaluation would resume past an epoch whose row of training_log.csv was never
+                # written
             done = self.epoch_start + batch + 1
             if save_steps and done // save_steps > self.saved_step // save_steps:
                 self.save()
@@ -212,7 +246,9 @@ def checkpoint_callback(manager, save_steps, training_log=None):
             if self.step() != self.saved_step:
                 if training_log:
                     row = {"step": self.step(), "epoch": epoch, "logs": dict(logs or {})}
-                    write_whole(f"{manager.directory}/{EPOCH_ROW_NAME}", json.dumps(row, default=float))
+                    write_whole(
+                        f"{manager.directory}/{EPOCH_ROW_NAME}", json.dumps(row, default=float)
+                    )
                 self.save()
             if training_log:
                 write_epoch_row(training_log, epoch, dict(logs or {}))
@@ -221,13 +257,15 @@ def checkpoint_callback(manager, save_steps, training_log=None):
 
 
 def fit_segments(start_step, total_steps, steps_per_epoch, phase_end=0):
-    """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch, epochs, steps).
+    """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch,
+    epochs, steps).
 
-    fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only stop it
-    between executions, so a run that starts or ends mid-epoch (a resumed run, a --max_steps) would
-    overshoot. Instead a partial epoch gets a fit() call of its own and whole epochs share one. No call runs
-    across `phase_end` (the end of the sequence-length warmup), where the shape of the batches changes: the
-    epoch around it is fit in two calls, and each ends with an evaluation and a checkpoint.
+    fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only
+    stop it between executions, so a run that starts or ends mid-epoch (a resumed run, a
+    --max_steps) would overshoot. Instead a partial epoch gets a fit() call of its own and whole
+    epochs share one. No call runs across `phase_end` (the end of the sequence-length warmup), where
+    the shape of the batches changes: the epoch around it is fit in two calls, and each ends with an
+    evaluation and a checkpoint.
     """
     segments, step = [], start_step
     while step < total_steps:
@@ -241,20 +279,26 @@ def fit_segments(start_step, total_steps, steps_per_epoch, phase_end=0):
     return segments
 
 
-def fit_callbacks(output_dir, save_steps, logging_steps, chief, pusher, manager, total_steps, tokens_per_step):
+def fit_callbacks(
+    output_dir, save_steps, logging_steps, chief, pusher, manager, total_steps, tokens_per_step
+):
     """What run_mlm.py's fit() does besides the steps, through Keras callbacks.
 
-    A checkpoint every `save_steps` optimizer steps and at every epoch end (<output_dir>/checkpoints): the
-    weights, the optimizer's moments and its step count, which is also the position of the learning-rate
-    schedule and of the data stream, so a rerun of the same command resumes exactly there. TensorBoard
-    scalars (<output_dir>/logs): every `logging_steps` steps the training loss and accuracies over those steps,
-    the learning rate and tokens per second; after each epoch the evaluation figures and perplexity. On the
-    chief alone: each epoch as a row of training_log.csv, written once the epoch's checkpoint is saved, and a
-    Hub snapshot pushed in the background by `pusher` (hub.HubPusher, or None).
+    A checkpoint every `save_steps` optimizer steps and at every epoch end
+    (<output_dir>/checkpoints): the weights, the optimizer's moments and its step count, which is
+    also the position of the learning-rate schedule and of the data stream, so a rerun of the same
+    command resumes exactly there. TensorBoard scalars (<output_dir>/logs): every `logging_steps`
+    steps the training loss and accuracies over those steps, the learning rate and tokens per
+    second; after each epoch the evaluation figures and perplexity. On the chief alone: each epoch
+    as a row of training_log.csv, written once the epoch's checkpoint is saved, and a Hub snapshot
+    pushed in the background by `pusher` (hub.HubPusher, or None).
     """
-    callbacks = [training_logs.epoch_summary_callback()] if chief else []  # first: it completes the epoch's logs
+    # first: it completes the epoch's logs
+    callbacks = [training_logs.epoch_summary_callback()] if chief else []
     if pusher is not None:
         callbacks.append(pusher.epoch_end_callback(total_steps))
-    callbacks.append(training_logs.tensorboard_callback(output_dir, logging_steps, tokens_per_step, chief))
+    callbacks.append(
+        training_logs.tensorboard_callback(output_dir, logging_steps, tokens_per_step, chief)
+    )
     training_log = training_log_path(output_dir) if chief else None
     return callbacks + [checkpoint_callback(manager, save_steps, training_log)]

@@ -1,4 +1,5 @@
-"""The file contract between the three scripts: what each writes, under which names, and how the next reads it.
+"""The file contract between the three scripts: what each writes, under which names, and how the
+next reads it.
 
     train_unigram.py --output_dir TOK    -> TOK/tokenizer.json, tokenizer_config.json, special_tokens_map.json
     prepare_tfrecord_shards.py ... --output_dir SHARDS --split S
@@ -8,7 +9,8 @@
                                          -> MODEL/config.json (last), tf_model.h5, tokenizer files, pytorch/,
                                             README.md, training_log.csv, training_curves.png, logs/, checkpoints/
 
-The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key from here.
+The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key
+from here.
 """
 
 import json
@@ -19,8 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from .errors import UsageError, first_line, tf_error_text
 
 # --- train_unigram.py -> the tokenizer folder
-TOKENIZER_FILE = "tokenizer.json"  # train_unigram.py writes it last: a folder holding it holds a whole tokenizer
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")  # either one makes a folder a tokenizer's
+# train_unigram.py writes it last: a folder holding it holds a whole tokenizer
+TOKENIZER_FILE = "tokenizer.json"
+# either one makes a folder a tokenizer's
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
 
 # --- prepare_tfrecord_shards.py -> a split's folder of shards
 SPLITS = ("train", "validation", "test")
@@ -63,23 +67,28 @@ PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transforme
 PYTORCH_WEIGHTS_NAME = "model.safetensors"
 
 
-def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=False, require_mlm_tokens=False):
+def load_tokenizer(
+    name_or_path, flag, trust_remote_code=False, require_fast=False, require_mlm_tokens=False
+):
     """A tokenizer folder (train_unigram.py's --output_dir) or Hub id, loaded with AutoTokenizer.
 
     A local path that is no tokenizer folder is refused before transformers is even imported.
-    `require_fast`: the Rust backend, which prepare encodes with. `require_mlm_tokens`: a mask and a pad token,
-    which masked-LM training needs.
+    `require_fast`: the Rust backend, which prepare encodes with. `require_mlm_tokens`: a mask and a
+    pad token, which masked-LM training needs.
     """
     hint = "pass the --output_dir of train_unigram.py or a Hub id"
-    if name_or_path.startswith("gs://"):  # transformers reads local folders and the Hub: copy it here first
+    # transformers reads local folders and the Hub: copy it here first
+    if name_or_path.startswith("gs://"):
         with tempfile.TemporaryDirectory() as local_copy:
             copy_folder_files(name_or_path, local_copy)
-            return load_tokenizer(local_copy, flag, trust_remote_code, require_fast, require_mlm_tokens)
+            return load_tokenizer(
+                local_copy, flag, trust_remote_code, require_fast, require_mlm_tokens
+            )
     if os.path.isdir(name_or_path):
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in TOKENIZER_FILES):
             raise UsageError(
-                f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a tokenizer "
-                f"folder; {hint}."
+                f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a "
+                f"tokenizer folder; {hint}."
             )
     elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
         raise UsageError(f"{flag} {name_or_path} is not a tokenizer folder; {hint}.")
@@ -88,14 +97,19 @@ def load_tokenizer(name_or_path, flag, trust_remote_code=False, require_fast=Fal
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except Exception as error:  # transformers raises many kinds for files it cannot make sense of
-        raise UsageError(f"could not load the tokenizer {name_or_path!r}: {first_line(error)[:300]}") from None
+        raise UsageError(
+            f"could not load the tokenizer {name_or_path!r}: {first_line(error)[:300]}"
+        ) from None
     if require_fast and not tokenizer.is_fast:
-        raise UsageError(f"the tokenizer {name_or_path!r} is not a fast tokenizer; train one with train_unigram.py.")
+        raise UsageError(
+            f"the tokenizer {name_or_path!r} is not a fast tokenizer; train one with "
+            "train_unigram.py."
+        )
     for name in ("mask", "pad") if require_mlm_tokens else ():
         if getattr(tokenizer, f"{name}_token_id") is None:
             raise UsageError(
-                f"the tokenizer {name_or_path!r} has no {name} token, which masked-LM training needs; "
-                "use a tokenizer from train_unigram.py."
+                f"the tokenizer {name_or_path!r} has no {name} token, which masked-LM training "
+                "needs; use a tokenizer from train_unigram.py."
             )
     return tokenizer
 
@@ -106,23 +120,30 @@ def copy_folder_files(folder, destination):
 
     for name in tf.io.gfile.listdir(folder):
         if not name.endswith("/"):
-            tf.io.gfile.copy(f"{folder.rstrip('/')}/{name}", os.path.join(destination, name), overwrite=True)
+            tf.io.gfile.copy(
+                f"{folder.rstrip('/')}/{name}", os.path.join(destination, name), overwrite=True
+            )
 
 
 def read_manifest(folder, flag):
-    """A finished split's manifest, with "files": the full path of every shard it lists, and "sizes": each one's
-    size in bytes, looked up once (all at once), which also checks that each is present."""
+    """A finished split's manifest, with "files": the full path of every shard it lists, and
+    "sizes": each one's size in bytes, looked up once (all at once), which also checks that each is
+    present."""
     import tensorflow as tf
 
     folder = folder.rstrip("/")
     path = f"{folder}/{MANIFEST_NAME}"
     if not tf.io.gfile.isdir(folder):
-        raise UsageError(f"{flag} {folder} does not exist; pass a folder written by prepare_tfrecord_shards.py.")
+        raise UsageError(
+            f"{flag} {folder} does not exist; pass a folder written by prepare_tfrecord_shards.py."
+        )
     if not tf.io.gfile.exists(path):
         splits = [s for s in SPLITS if tf.io.gfile.exists(f"{folder}/{s}/{MANIFEST_NAME}")]
         hint = f" (did you mean {folder}/{splits[0]}?)" if splits else ""
         todo = "run prepare_tfrecord_shards.py to completion first"
-        raise UsageError(f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}.")
+        raise UsageError(
+            f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}."
+        )
     try:
         with tf.io.gfile.GFile(path) as file:
             manifest = json.load(file)
@@ -132,22 +153,22 @@ def read_manifest(folder, flag):
         missing_keys, files = [f"unreadable ({type(error).__name__}: {error})"], []
     if missing_keys:
         raise UsageError(
-            f"{flag} {folder}: {MANIFEST_NAME} is not one prepare_tfrecord_shards.py wrote (missing or bad: "
-            f"{', '.join(missing_keys)}); rerun it."
+            f"{flag} {folder}: {MANIFEST_NAME} is not one prepare_tfrecord_shards.py wrote "
+            f"(missing or bad: {', '.join(missing_keys)}); rerun it."
         )
     sizes = shard_sizes(files)
     missing = [path for path in files if sizes[path] is None]
     if not files or missing:
         raise UsageError(
-            f"{flag} {folder}: no shards found ({len(missing)} of {len(files)} listed in {MANIFEST_NAME} are "
-            "missing); rerun prepare_tfrecord_shards.py."
+            f"{flag} {folder}: no shards found ({len(missing)} of {len(files)} listed in "
+            f"{MANIFEST_NAME} are missing); rerun prepare_tfrecord_shards.py."
         )
     manifest["files"], manifest["sizes"] = files, sizes
     return manifest
 
 
-# Requests at once when every shard is looked at before training: on gs:// each is a round trip of tens of
-# milliseconds, so 10,000 shards one after another would take minutes before the first step.
+# Requests at once when every shard is looked at before training: on gs:// each is a round trip of
+# tens of milliseconds, so 10,000 shards one after another would take minutes before the first step.
 SHARD_LOOKUPS_AT_ONCE = 32
 
 
@@ -166,19 +187,23 @@ def shard_sizes(files):
 
 
 def check_shards(manifest, flag, vocab_size):
-    """Every shard is whole and holds this tokenizer's ids: checked cheaply, before anything is built, every
-    shard at once (SHARD_LOOKUPS_AT_ONCE), reusing the sizes read_manifest looked up.
+    """Every shard is whole and holds this tokenizer's ids: checked cheaply, before anything is
+    built, every shard at once (SHARD_LOOKUPS_AT_ONCE), reusing the sizes read_manifest looked up.
 
-    A shard's size must be the one its manifest records (a truncated TFRecord file reads as a shorter
-    one without any error, so nothing later would notice); manifests without sizes get their records
-    counted instead. The first record of every shard must parse as max_length ids within the vocabulary.
+    A shard's size must be the one its manifest records (a truncated TFRecord file reads as a
+    shorter one without any error, so nothing later would notice); manifests without sizes get their
+    records counted instead. The first record of every shard must parse as max_length ids within the
+    vocabulary.
     """
     features = record_features(manifest["max_length"])
     with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_AT_ONCE) as pool:
         checks = pool.map(
-            lambda shard, path: check_shard(shard, path, manifest["sizes"][path], flag, features, vocab_size),
-            manifest["shards"], manifest["files"],
-        )  # fmt: skip
+            lambda shard, path: check_shard(
+                shard, path, manifest["sizes"][path], flag, features, vocab_size
+            ),
+            manifest["shards"],
+            manifest["files"],
+        )
         for _ in checks:  # in order: the first bad shard is the one reported
             pass
 
@@ -194,20 +219,22 @@ def check_shard(shard, path, size, flag, features, vocab_size):
             expected, unit = shard["records"], "records"
         if found != expected:
             raise UsageError(
-                f"{flag}: shard {path} has {found} {unit} but {MANIFEST_NAME} lists {expected}, so it is truncated "
-                "or was changed; rerun prepare_tfrecord_shards.py."
+                f"{flag}: shard {path} has {found} {unit} but {MANIFEST_NAME} lists {expected}, so "
+                "it is truncated or was changed; rerun prepare_tfrecord_shards.py."
             )
         first = next(iter(tf.data.TFRecordDataset(path).take(1)))
         ids = tf.io.parse_single_example(first, features)[FEATURE_NAME].numpy()
     except (tf.errors.OpError, StopIteration) as error:
         raise UsageError(
-            f"{flag}: shard {path} is unreadable ({tf_error_text(error) if str(error) else 'no records'}); "
-            "rerun prepare_tfrecord_shards.py."
+            f"{flag}: shard {path} is unreadable "
+            f"({tf_error_text(error) if str(error) else 'no records'}); rerun "
+            "prepare_tfrecord_shards.py."
         ) from None
     if ids.min() < 0 or ids.max() >= vocab_size:
         raise UsageError(
-            f"{flag}: shard {path} holds token id {ids.max() if ids.max() >= vocab_size else ids.min()}, outside "
-            f"the tokenizer's {vocab_size} ids; pass the tokenizer the shards were made with."
+            f"{flag}: shard {path} holds token id "
+            f"{ids.max() if ids.max() >= vocab_size else ids.min()}, outside the tokenizer's "
+            f"{vocab_size} ids; pass the tokenizer the shards were made with."
         )
 
 
@@ -230,29 +257,33 @@ def find_corrupt_shard(files):
     return None
 
 
-def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_name, max_length=None):
-    """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked before
-    anything expensive happens: each agrees with --max_length (when given) and the tokenizer, the two agree
-    with each other, and every shard is whole."""
+def read_training_manifests(
+    train_dataset, eval_dataset, tokenizer, tokenizer_name, max_length=None
+):
+    """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked
+    before anything expensive happens: each agrees with --max_length (when given) and the tokenizer,
+    the two agree with each other, and every shard is whole."""
     manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
     if eval_dataset:
         manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
     for flag, manifest in manifests.items():
         if max_length is not None and manifest["max_length"] != max_length:
             raise UsageError(
-                f"--max_length {max_length} differs from the {manifest['max_length']} of the shards in {flag}; "
-                f"pass --max_length {manifest['max_length']} or rewrite the shards."
+                f"--max_length {max_length} differs from the {manifest['max_length']} of the "
+                f"shards in {flag}; pass --max_length {manifest['max_length']} or rewrite the "
+                "shards."
             )
         if manifest["vocab_size"] != len(tokenizer):
             raise UsageError(
-                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} tokens, but "
-                f"--tokenizer {tokenizer_name} has {len(tokenizer)}; pass the tokenizer the shards were made with."
+                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
+                f"tokens, but --tokenizer {tokenizer_name} has {len(tokenizer)}; pass the "
+                "tokenizer the shards were made with."
             )
     train, evaluation = manifests["--train_dataset"], manifests.get("--eval_dataset")
     if evaluation is not None and evaluation["max_length"] != train["max_length"]:
         raise UsageError(
-            f"train shards have max_length {train['max_length']} but eval shards have {evaluation['max_length']}; "
-            "write both with the same --max_length."
+            f"train shards have max_length {train['max_length']} but eval shards have "
+            f"{evaluation['max_length']}; write both with the same --max_length."
         )
     for flag, manifest in manifests.items():
         check_shards(manifest, flag, len(tokenizer))
@@ -261,8 +292,11 @@ def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_na
 
 def corrupt_shard_error(error, manifests, output_dir):
     """A shard that training found corrupt (TF's DataLossError), as a UsageError that names it: TF's does not."""
-    corrupt = find_corrupt_shard([name for manifest in manifests if manifest for name in manifest["files"]])
+    corrupt = find_corrupt_shard(
+        [name for manifest in manifests if manifest for name in manifest["files"]]
+    )
     return UsageError(
-        f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun prepare_tfrecord_shards.py, "
-        f"then run_mlm.py's command again: it resumes from the newest checkpoint in {output_dir}."
+        f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun "
+        "prepare_tfrecord_shards.py, then run_mlm.py's command again: it resumes from the newest "
+        f"checkpoint in {output_dir}."
     )

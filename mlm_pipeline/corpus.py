@@ -1,12 +1,14 @@
-"""Reading a corpus: local or gs:// files (one, or a glob over many), or a Hub dataset, as a stream of texts.
+"""Reading a corpus: local or gs:// files (one, or a glob over many), or a Hub dataset, as a stream
+of texts.
 
-train_unigram.py and prepare_tfrecord_shards.py read their input through here, so both accept the same files
-and refuse bad ones in the same words. Plain text, whatever its extension (.txt, WikiText's .raw or .tokens,
-none), is read line by line without datasets (one document per line, split exactly as datasets' "text"
-builder splits it), from local disk or gs://; the tabular formats (.json/.jsonl, .csv, .parquet, local) and
-Hub datasets go through datasets, which can stream a Hub dataset rather than download it. Reading errors
-that only show midway (bad encoding, malformed JSON) become one line too. Nothing here needs TensorFlow
-but gs:// reading in one process: the Beam workers of prepare_tfrecord_shards.py read text through here.
+train_unigram.py and prepare_tfrecord_shards.py read their input through here, so both accept the
+same files and refuse bad ones in the same words. Plain text, whatever its extension (.txt,
+WikiText's .raw or .tokens, none), is read line by line without datasets (one document per line,
+split exactly as datasets' "text" builder splits it), from local disk or gs://; the tabular formats
+(.json/.jsonl, .csv, .parquet, local) and Hub datasets go through datasets, which can stream a Hub
+dataset rather than download it. Reading errors that only show midway (bad encoding, malformed JSON)
+become one line too. Nothing here needs TensorFlow but gs:// reading in one process: the Beam
+workers of prepare_tfrecord_shards.py read text through here.
 """
 
 import glob
@@ -18,11 +20,26 @@ from . import storage
 from .errors import UsageError, first_line
 from .tf_startup import tensorflow_startup_log_held_back
 
-# Tabular formats, read by their datasets builder; any other file is plain text, one document per line
-# (.txt, WikiText's .raw and .tokens, no extension at all...).
+# Tabular formats, read by their datasets builder; any other file is plain text, one document per
+# line (.txt, WikiText's .raw and .tokens, no extension at all...).
 TABULAR_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-# Files that are not text but would partly decode as text: refused by name rather than read as garbage.
-NOT_TEXT = (".gz", ".bz2", ".xz", ".zst", ".zip", ".tar", ".7z", ".docx", ".doc", ".odt", ".pdf", ".xlsx", ".arrow")
+# Files that are not text but would partly decode as text: refused by name rather than read as
+# garbage.
+NOT_TEXT = (
+    ".gz",
+    ".bz2",
+    ".xz",
+    ".zst",
+    ".zip",
+    ".tar",
+    ".7z",
+    ".docx",
+    ".doc",
+    ".odt",
+    ".pdf",
+    ".xlsx",
+    ".arrow",
+)
 
 
 def local_format(path):
@@ -31,8 +48,8 @@ def local_format(path):
 
 
 def check_corpus_file(path, flag, in_glob=False):
-    """A local corpus file must exist, hold something (a glob may match empty files), and not be a compressed
-    or document format."""
+    """A local corpus file must exist, hold something (a glob may match empty files), and not be a
+    compressed or document format."""
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a folder; pass a path to a text corpus file.")
     if not os.path.isfile(path):
@@ -46,8 +63,9 @@ def check_not_binary(path, flag):
     extension = os.path.splitext(path)[1].lower()
     if extension in NOT_TEXT:
         raise UsageError(
-            f"{flag} {path} has extension {extension!r}, a compressed or document format; pass plain text (one "
-            f"document per line, any other extension) or one of {sorted(TABULAR_FORMATS)}."
+            f"{flag} {path} has extension {extension!r}, a compressed or document format; pass "
+            "plain text (one document per line, any other extension) or one of "
+            f"{sorted(TABULAR_FORMATS)}."
         )
 
 
@@ -60,33 +78,44 @@ def check_text_column(text_column, columns):
 
 
 def input_files(pattern, flag):
-    """The files a corpus flag names, in a stable order (sorted by path): one local file, or a glob over local
-    or gs:// files (`corpus/*.txt`, `gs://bucket/corpus/part-*`). Each file is checked as check_corpus_file
-    checks one; a glob that matches nothing is refused, and so is one that matches several formats."""
+    """The files a corpus flag names, in a stable order (sorted by path): one local file, or a glob
+    over local or gs:// files (`corpus/*.txt`, `gs://bucket/corpus/part-*`). Each file is checked as
+    check_corpus_file checks one; a glob that matches nothing is refused, and so is one that matches
+    several formats."""
     remote = storage.is_remote(pattern)
     if not remote and not has_glob(pattern):
         check_corpus_file(pattern, flag)
         return [pattern]
     if remote:
-        with tensorflow_startup_log_held_back():  # TensorFlow lists gs://; its start-up log is noise here
+        # TensorFlow lists gs://; its start-up log is noise here
+        with tensorflow_startup_log_held_back():
             import tensorflow as tf
 
-        matches = tf.io.gfile.glob(pattern) if has_glob(pattern) else [pattern] * tf.io.gfile.exists(pattern)
+        matches = (
+            tf.io.gfile.glob(pattern)
+            if has_glob(pattern)
+            else [pattern] * tf.io.gfile.exists(pattern)
+        )
         files = [path for path in matches if not tf.io.gfile.isdir(path)]
     else:
         files = [path for path in glob.glob(pattern) if not os.path.isdir(path)]
     if not files:
-        raise UsageError(f"{flag} {pattern} matches no file; check the path and the pattern (quote it in the shell).")
+        raise UsageError(
+            f"{flag} {pattern} matches no file; check the path and the pattern (quote it in the "
+            "shell)."
+        )
     files.sort()
     formats = sorted({local_format(path) for path in files})
     if len(formats) > 1:
-        raise UsageError(f"{flag} {pattern} matches files of several formats ({', '.join(formats)}); match one.")
+        raise UsageError(
+            f"{flag} {pattern} matches files of several formats ({', '.join(formats)}); match one."
+        )
     for path in files:
         check_not_binary(path, flag) if remote else check_corpus_file(path, flag, in_glob=True)
     if remote and formats != ["text"]:
         raise UsageError(
-            f"{flag} {pattern}: gs:// corpora are read as plain text (one document per line, any extension); "
-            f"copy {formats[0]} files to a local folder, or convert them to text."
+            f"{flag} {pattern}: gs:// corpora are read as plain text (one document per line, any "
+            f"extension); copy {formats[0]} files to a local folder, or convert them to text."
         )
     return files
 
@@ -105,8 +134,8 @@ def open_binary(path):
 
 
 def text_file_lines(path, text_column="text"):
-    """The lines of a local or gs:// text file, as datasets' "text" builder splits them (see text_lines). Its
-    one column is "text"."""
+    """The lines of a local or gs:// text file, as datasets' "text" builder splits them (see
+    text_lines). Its one column is "text"."""
     check_text_column(text_column, ["text"])
     try:
         with open_binary(path) as file:
@@ -123,17 +152,19 @@ def normalize_newlines(data):
 
 
 def text_lines(binary_file, source, first_line_number=1):
-    """The lines of UTF-8 text read as bytes from `binary_file`, without their line breaks, split as Python's
-    text mode and datasets' "text" builder split them: \n, \r\n and a lone \r each end a line, and a last
-    line without a break counts. Both paths of prepare_tfrecord_shards.py read text through here, the Beam
-    workers one block of a file at a time (block_starts says where each starts), the single process whole
-    files, so the two see the same lines. `first_line_number` numbers the lines in an error message."""
+    """The lines of UTF-8 text read as bytes from `binary_file`, without their line breaks, split as
+    Python's text mode and datasets' "text" builder split them: \n, \r\n and a lone \r each end a
+    line, and a last line without a break counts. Both paths of prepare_tfrecord_shards.py read text
+    through here, the Beam workers one block of a file at a time (block_starts says where each
+    starts), the single process whole files, so the two see the same lines. `first_line_number`
+    numbers the lines in an error message."""
     pending, number = b"", first_line_number
     while True:
         chunk = binary_file.read(READ_BYTES)
         if chunk:
             data = pending + chunk
-            held = 1 if data.endswith(b"\r") else 0  # a \r\n may be cut between two reads: wait for the next
+            # a \r\n may be cut between two reads: wait for the next
+            held = 1 if data.endswith(b"\r") else 0
             lines = normalize_newlines(data[: len(data) - held]).split(b"\n")
             pending = lines.pop() + data[len(data) - held :]  # the last line is not whole yet
         else:
@@ -154,28 +185,32 @@ def decode_lines(data, source, first_line_number):
     except UnicodeDecodeError as error:  # found midway through, so say which file and where
         line = first_line_number + data.count(b"\n", 0, error.start)
         raise UsageError(
-            f"could not read {source}: it is not UTF-8 text (line {line} holds the byte {data[error.start]:#04x}); "
-            "convert it to UTF-8 (e.g. iconv -f <its encoding> -t utf-8)."
+            f"could not read {source}: it is not UTF-8 text (line {line} holds the byte "
+            f"{data[error.start]:#04x}); convert it to UTF-8 (e.g. iconv -f <its encoding> -t "
+            "utf-8)."
         ) from None
 
 
 def block_starts(binary_file, rows_per_block):
-    """Where each block of `rows_per_block` lines of a text file starts, as byte offsets (the first is 0), and
-    the file's line count, the lines counted as text_lines splits them. With these a Beam worker reads any
-    block of a file by seeking to its start. Line breaks are found with numpy, at memory speed: this first
-    pass over a file costs far less than tokenizing it."""
+    """Where each block of `rows_per_block` lines of a text file starts, as byte offsets (the first
+    is 0), and the file's line count, the lines counted as text_lines splits them. With these a Beam
+    worker reads any block of a file by seeking to its start. Line breaks are found with numpy, at
+    memory speed: this first pass over a file costs far less than tokenizing it."""
     starts, breaks, size, last_end, held = [0], 0, 0, 0, b""
     while True:
         chunk = binary_file.read(READ_BYTES)
         data = held + chunk
         base = size - len(held)
         size += len(chunk)
-        held = b"\r" if chunk and data.endswith(b"\r") else b""  # \r\n or a lone \r? the next read tells
+        # \r\n or a lone \r? the next read tells
+        held = b"\r" if chunk and data.endswith(b"\r") else b""
         body = np.frombuffer(data, dtype=np.uint8)[: len(data) - len(held)]
         returns = np.flatnonzero(body == 13)
         lone_returns = returns[np.append(body[1:], 0)[returns] != 10]
-        ends = np.sort(np.concatenate([np.flatnonzero(body == 10), lone_returns])) + base + 1  # the next line's start
-        first = (rows_per_block - 1 - breaks) % rows_per_block  # the break that ends a block's last line
+        # the next line's start
+        ends = np.sort(np.concatenate([np.flatnonzero(body == 10), lone_returns])) + base + 1
+        # the break that ends a block's last line
+        first = (rows_per_block - 1 - breaks) % rows_per_block
         starts.extend(ends[first::rows_per_block].tolist())
         breaks += len(ends)
         last_end = int(ends[-1]) if len(ends) else last_end
@@ -186,8 +221,8 @@ def block_starts(binary_file, rows_per_block):
 
 
 class ByteRange:
-    """The bytes [start, end) of a seekable binary file (end None: to the file's end), read as a file: one block
-    of a text file."""
+    """The bytes [start, end) of a seekable binary file (end None: to the file's end), read as a
+    file: one block of a text file."""
 
     def __init__(self, binary_file, start, end=None):
         binary_file.seek(start)
@@ -200,20 +235,26 @@ class ByteRange:
 
 
 def load_split(split, path, dataset_name, dataset_config, trust_remote_code=False, streaming=False):
-    """A split as a datasets object: local files (a path, or the list input_files gives), or a Hub dataset's
-    split. Without `streaming` it is downloaded to (or, for local files, converted into) the datasets cache
-    first; with it, rows are read as they are used: nothing is copied to the cache and memory stays flat,
-    whatever the corpus's size."""
+    """A split as a datasets object: local files (a path, or the list input_files gives), or a Hub
+    dataset's split. Without `streaming` it is downloaded to (or, for local files, converted into)
+    the datasets cache first; with it, rows are read as they are used: nothing is copied to the
+    cache and memory stays flat, whatever the corpus's size."""
     import datasets
 
     try:
         if path is not None:
             files = [path] if isinstance(path, str) else list(path)
             data_files = {split: files}
-            return datasets.load_dataset(local_format(files[0]), data_files=data_files, split=split, streaming=streaming)
-        extra = {"trust_remote_code": True} if trust_remote_code else {}  # only this split's files are fetched
-        return datasets.load_dataset(dataset_name, dataset_config, split=split, streaming=streaming, **extra)
-    except Exception as error:  # datasets raises many kinds; the user needs the source and the first reason
+            return datasets.load_dataset(
+                local_format(files[0]), data_files=data_files, split=split, streaming=streaming
+            )
+        # only this split's files are fetched
+        extra = {"trust_remote_code": True} if trust_remote_code else {}
+        return datasets.load_dataset(
+            dataset_name, dataset_config, split=split, streaming=streaming, **extra
+        )
+    # datasets raises many kinds; the user needs the source and the first reason
+    except Exception as error:
         raise UsageError(cannot_read(path or f"{dataset_name}/{dataset_config}", error)) from None
 
 

@@ -1,8 +1,9 @@
 """Bad input as one line: the error type the scripts raise for it, and how they report it.
 
-Every check in the pipeline raises `UsageError` with a sentence that names the flag, the value and what to
-do. `exit_on_usage_error()` turns it into `<script>.py: error: <sentence>` and exit status 1, with no
-traceback; argparse's own complaints (a missing or malformed flag) become one line with status 2.
+Every check in the pipeline raises `UsageError` with a sentence that names the flag, the value and
+what to do. `exit_on_usage_error()` turns it into `<script>.py: error: <sentence>` and exit status
+1, with no traceback; argparse's own complaints (a missing or malformed flag) become one line with
+status 2.
 """
 
 import argparse
@@ -19,7 +20,11 @@ def first_line(error):
 
     def describe(exception):
         text = str(exception).strip()
-        return f"{type(exception).__name__}: {text.splitlines()[0]}" if text else type(exception).__name__
+        return (
+            f"{type(exception).__name__}: {text.splitlines()[0]}"
+            if text
+            else type(exception).__name__
+        )
 
     root = error
     while root.__cause__ is not None or root.__context__ is not None:
@@ -58,7 +63,8 @@ def non_negative_int(text):
     return value
 
 
-# argparse names the type in its own message ("invalid positive_int value: 'ten'"): say "int" instead.
+# argparse names the type in its own message ("invalid positive_int value: 'ten'"): say "int"
+# instead.
 positive_int.__name__ = non_negative_int.__name__ = "int"
 
 

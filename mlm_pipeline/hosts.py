@@ -1,8 +1,10 @@
-"""run_mlm.py on several hosts: which process writes, which shard files each host reads, and when all wait.
+"""run_mlm.py on several hosts: which process writes, which shard files each host reads, and when
+all wait.
 
-A TPU pod slice runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy runs one
-process per machine, each told its place by TF_CONFIG. Every host reads whole shard files of its own, so no
-two read the same sequence and none need coordinate; one process alone (the chief) writes the output.
+A TPU pod slice runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
+runs one process per machine, each told its place by TF_CONFIG. Every host reads whole shard files
+of its own, so no two read the same sequence and none need coordinate; one process alone (the chief)
+writes the output.
 """
 
 import json
@@ -19,7 +21,10 @@ def multi_worker_resolver():
 
     text = os.environ.get("TF_CONFIG")
     if not text:
-        raise UsageError(f"--multi_worker needs TF_CONFIG on every machine, e.g. TF_CONFIG='{TF_CONFIG_EXAMPLE}'.")
+        raise UsageError(
+            "--multi_worker needs TF_CONFIG on every machine, e.g. "
+            f"TF_CONFIG='{TF_CONFIG_EXAMPLE}'."
+        )
     try:
         config = json.loads(text)
         task_type, task_index = config["task"]["type"], int(config["task"]["index"])
@@ -28,15 +33,16 @@ def multi_worker_resolver():
             raise IndexError(f"task index {task_index} with {len(addresses)} {task_type} addresses")
     except (ValueError, KeyError, TypeError, IndexError) as error:
         raise UsageError(
-            f"TF_CONFIG {text!r} does not say which task of which cluster this is ({type(error).__name__}: "
-            f"{error}); set it like '{TF_CONFIG_EXAMPLE}'."
+            f"TF_CONFIG {text!r} does not say which task of which cluster this is "
+            f"({type(error).__name__}: {error}); set it like '{TF_CONFIG_EXAMPLE}'."
         ) from None
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
 def is_chief(strategy):
-    """Whether this process writes: the chief of a cluster (worker 0 when there is no chief), or the only
-    process there is. The other workers train in lockstep and keep their hands off the output."""
+    """Whether this process writes: the chief of a cluster (worker 0 when there is no chief), or the
+    only process there is. The other workers train in lockstep and keep their hands off the output.
+    """
     return strategy.extended.should_checkpoint
 
 
@@ -55,18 +61,19 @@ def input_pipeline_count(strategy):
 def split_between_pipelines(manifest, flag, pipelines, per_pipeline_batch):
     """Each input pipeline's own shard files (every pipelines-th one), and the steps of one epoch.
 
-    Every pipeline reads whole files, so the hosts never read the same sequence and need not coordinate.
-    They must take the same number of steps, so an epoch lasts as long as the pipeline with the fewest
-    sequences has whole batches; the others leave their surplus for that epoch (a different surplus each
-    epoch, as their files are reshuffled). Shards of equal size, as prepare_tfrecord_shards.py writes them
-    (all but the last), keep that surplus small.
+    Every pipeline reads whole files, so the hosts never read the same sequence and need not
+    coordinate. They must take the same number of steps, so an epoch lasts as long as the pipeline
+    with the fewest sequences has whole batches; the others leave their surplus for that epoch (a
+    different surplus each epoch, as their files are reshuffled). Shards of equal size, as
+    prepare_tfrecord_shards.py writes them (all but the last), keep that surplus small.
     """
     files, records = manifest["files"], [shard["records"] for shard in manifest["shards"]]
     if len(files) < pipelines:
         raise UsageError(
-            f"{flag} has {len(files)} shard file(s), but {pipelines} hosts read the data and each needs at least "
-            f"one of its own; rerun prepare_tfrecord_shards.py with a smaller --shard_size to write at least "
-            f"{pipelines} shards (a multiple of {pipelines} spreads them evenly)."
+            f"{flag} has {len(files)} shard file(s), but {pipelines} hosts read the data and each "
+            "needs at least one of its own; rerun prepare_tfrecord_shards.py with a smaller "
+            f"--shard_size to write at least {pipelines} shards (a multiple of {pipelines} spreads "
+            "them evenly)."
         )
     pipeline_files = [files[index::pipelines] for index in range(pipelines)]
     steps = min(sum(records[index::pipelines]) // per_pipeline_batch for index in range(pipelines))
@@ -78,7 +85,9 @@ def wait_for_every_worker(strategy):
     import tensorflow as tf
 
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        tf.function(strategy.run)(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0)))
+        tf.function(strategy.run)(
+            lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
+        )
 
 
 def logical_cpus(count):
@@ -87,42 +96,53 @@ def logical_cpus(count):
 
     try:
         replicas = [tf.config.LogicalDeviceConfiguration()] * count
-        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0], replicas)
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0], replicas
+        )
     except RuntimeError:
-        raise UsageError(f"--cpu_replicas {count} must take effect before TensorFlow starts; call run_mlm.py in a "
-                         "fresh process.") from None
+        raise UsageError(
+            f"--cpu_replicas {count} must take effect before TensorFlow starts; call run_mlm.py in "
+            "a fresh process."
+        ) from None
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
 def distribute(strategy, pipeline_dataset, train_manifest, eval_manifest, per_replica_batch_size):
-    """The datasets of every host: each input pipeline reads shard files of its own and batches for the
-    replicas of its host, through `strategy.distribute_datasets_from_function`.
+    """The datasets of every host: each input pipeline reads shard files of its own and batches for
+    the replicas of its host, through `strategy.distribute_datasets_from_function`.
 
-    `pipeline_dataset(files=, batch_size=, training=, batches_per_epoch=, pipeline=, start_epoch=, start_batch=)`
-    builds one pipeline's dataset (run_mlm.py's build_dataset). Returns the steps of an epoch,
-    `train_dataset_from(step, **options)` (the training stream from that optimizer step on; `options` go to
-    `pipeline_dataset` unchanged), the evaluation dataset and its steps (None and 0 without evaluation shards).
+    `pipeline_dataset(files=, batch_size=, training=, batches_per_epoch=, pipeline=, start_epoch=,
+    start_batch=)` builds one pipeline's dataset (run_mlm.py's build_dataset). Returns the steps of
+    an epoch, `train_dataset_from(step, **options)` (the training stream from that optimizer step
+    on; `options` go to `pipeline_dataset` unchanged), the evaluation dataset and its steps (None
+    and 0 without evaluation shards).
     """
     replicas = strategy.num_replicas_in_sync
     global_batch_size = per_replica_batch_size * replicas
     pipelines = input_pipeline_count(strategy)
     plans = {}
-    splits = (("train", "--train_dataset", train_manifest), ("eval", "--eval_dataset", eval_manifest))
+    splits = (
+        ("train", "--train_dataset", train_manifest),
+        ("eval", "--eval_dataset", eval_manifest),
+    )
     for split, flag, manifest in splits:
         if manifest is None:
             continue
-        plans[split] = split_between_pipelines(manifest, flag, pipelines, global_batch_size // pipelines)
+        plans[split] = split_between_pipelines(
+            manifest, flag, pipelines, global_batch_size // pipelines
+        )
         if plans[split][1] == 0:
             across = f" split between {pipelines} hosts" if pipelines > 1 else ""
             raise UsageError(
-                f"the global batch of {global_batch_size} sequences ({per_replica_batch_size} x {replicas} replicas) "
-                f"is larger than the {manifest['records']} {split} sequences{across}; lower --per_replica_batch_size "
-                "or add data."
+                f"the global batch of {global_batch_size} sequences ({per_replica_batch_size} x "
+                f"{replicas} replicas) is larger than the {manifest['records']} {split} "
+                f"sequences{across}; lower --per_replica_batch_size or add data."
             )
 
     def datasets(split, training, start_epoch=0, steps_into_epoch=0, **options):
         files, steps = plans[split]
-        per_pipeline = replicas // pipelines  # each pipeline yields one batch per replica of its host per step
+        # each pipeline yields one batch per replica of its host per step
+        per_pipeline = replicas // pipelines
         return strategy.distribute_datasets_from_function(
             lambda context: pipeline_dataset(
                 files=files[context.input_pipeline_id],

@@ -1,9 +1,10 @@
 """The Hugging Face Hub over HTTP (huggingface_hub's HfApi): no git clone, no git-lfs.
 
-A repository is created, or found, before any work (`open_repository()`), so that a malformed id, a missing
-login or an unreachable Hub stops a run in one line before it has cost anything. Every push is one commit.
-train_unigram.py pushes its tokenizer once at the end; run_mlm.py pushes through `HubPusher`, which uploads a
-snapshot at every epoch end from a background thread while training goes on, and the final model last.
+A repository is created, or found, before any work (`open_repository()`), so that a malformed id, a
+missing login or an unreachable Hub stops a run in one line before it has cost anything. Every push
+is one commit. train_unigram.py pushes its tokenizer once at the end; run_mlm.py pushes through
+`HubPusher`, which uploads a snapshot at every epoch end from a background thread while training
+goes on, and the final model last.
 """
 
 import os
@@ -17,10 +18,11 @@ from .errors import UsageError, first_line
 from .model_folder import write_model_files
 from .storage import is_remote
 
-# Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's default). A
-# base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a cloud VM; a large model
-# on a slow link may take tens of minutes, and cutting a healthy upload costs a push by hand. An hour still
-# bounds what a stuck upload costs: the accelerator stays reserved, idle, for as long as the run waits.
+# Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's
+# default). A base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a
+# cloud VM; a large model on a slow link may take tens of minutes, and cutting a healthy upload
+# costs a push by hand. An hour still bounds what a stuck upload costs: the accelerator stays
+# reserved, idle, for as long as the run waits.
 FINAL_PUSH_TIMEOUT = 3600
 
 
@@ -33,14 +35,17 @@ def check_hub_model_id(repo_id, example):
     except HFValidationError as error:
         reason = str(error).strip().splitlines()[0]
         raise UsageError(
-            f"--hub_model_id {repo_id} is not a Hub repository id ({reason}); use namespace/name, e.g. {example}."
+            f"--hub_model_id {repo_id} is not a Hub repository id ({reason}); use namespace/name, "
+            f"e.g. {example}."
         ) from None
 
 
 def hub_error_text(error):
-    """A Hub failure in one line: the HTTP status and the server's own words when there was a response.
+    """A Hub failure in one line: the HTTP status and the server's own words when there was a
+    response.
 
-    huggingface_hub wraps a failed file upload in an error that names the file only; its cause holds the reason.
+    huggingface_hub wraps a failed file upload in an error that names the file only; its cause holds
+    the reason.
     """
     cause = error
     while cause is not None and getattr(cause, "response", None) is None:
@@ -49,11 +54,14 @@ def hub_error_text(error):
         return first_line(error)
     response = cause.response
     words = (getattr(cause, "server_message", None) or "").strip()
-    return f"HTTP {response.status_code} {response.reason}" + (f": {words.splitlines()[0]}" if words else "")
+    return f"HTTP {response.status_code} {response.reason}" + (
+        f": {words.splitlines()[0]}" if words else ""
+    )
 
 
 def open_repository(repo_id, private, leave_out):
-    """Create the repository, or find it; returns its full id (a bare name gets the token owner's namespace).
+    """Create the repository, or find it; returns its full id (a bare name gets the token owner's
+    namespace).
 
     `leave_out` names the flag that asked for the push, for the message when there is no token.
     """
@@ -61,69 +69,99 @@ def open_repository(repo_id, private, leave_out):
 
     if get_token() is None:
         raise UsageError(
-            f"--hub_model_id {repo_id} needs a Hub token with write access: run `hf auth login` or set HF_TOKEN, "
-            f"or leave out {leave_out}."
+            f"--hub_model_id {repo_id} needs a Hub token with write access: run `hf auth login` or "
+            f"set HF_TOKEN, or leave out {leave_out}."
         )
     try:
-        # private=None leaves an existing repository as it is and lets the namespace's default decide.
+        # private=None leaves an existing repository as it is and lets the namespace's default
+        # decide.
         repository = HfApi().create_repo(repo_id, private=private or None, exist_ok=True)
-    except Exception as error:  # HTTP errors, no network, offline mode: all mean no push is possible
+    # HTTP errors, no network, offline mode: all mean no push is possible
+    except Exception as error:
         raise UsageError(
-            f"could not create or find the Hub repository --hub_model_id {repo_id} ({hub_error_text(error)}); "
-            "check the id, that your token may write to its namespace (`hf auth whoami`), and the network."
+            f"could not create or find the Hub repository --hub_model_id {repo_id} "
+            f"({hub_error_text(error)}); check the id, that your token may write to its namespace "
+            "(`hf auth whoami`), and the network."
         ) from None
     return repository.repo_id
 
 
 def push_folder_files(repo_id, folder, names, card_text, message, what="the files"):
-    """One commit: the files `names` of the local `folder`, and `card_text` as the repository's README.md.
+    """One commit: the files `names` of the local `folder`, and `card_text` as the repository's
+    README.md.
 
     A failure is one line that says `what` is safe in `folder` and how to push it later.
     """
     from huggingface_hub import CommitOperationAdd, HfApi
 
     operations = [CommitOperationAdd(name, os.path.join(folder, name)) for name in names]
-    operations.append(CommitOperationAdd(path_in_repo=MODEL_CARD_NAME, path_or_fileobj=card_text.encode("utf-8")))
+    operations.append(
+        CommitOperationAdd(path_in_repo=MODEL_CARD_NAME, path_or_fileobj=card_text.encode("utf-8"))
+    )
     try:
         return HfApi().create_commit(repo_id, operations, commit_message=message)
-    except Exception as error:  # network, credentials, permissions: the local copy is complete anyway
+    # network, credentials, permissions: the local copy is complete anyway
+    except Exception as error:
         raise UsageError(
             f"{what} is saved in {folder}, but pushing it to --hub_model_id {repo_id} failed "
-            f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} {folder}`."
+            f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} "
+            f"{folder}`."
         ) from None
 
 
 class HubPusher:
-    """Pushes run_mlm.py's model to a Hub repository: a snapshot at each epoch end, the final model last.
+    """Pushes run_mlm.py's model to a Hub repository: a snapshot at each epoch end, the final model
+    last.
 
-    Every push is one commit of a snapshot folder laid out as run_mlm.py saves the model: config.json and
-    tf_model.h5, the tokenizer, the PyTorch copy in pytorch/ (unless `pytorch_copy` is false) and the model
-    card, whose text `card(trainer, metrics)` gives (`trainer`: run_mlm.py's Keras trainer, its model in
-    `trainer.masked_lm`). The repository is created, or found, when the pusher is made, so a wrong id or a
-    missing login stops the run before anything is built or written.
+    Every push is one commit of a snapshot folder laid out as run_mlm.py saves the model:
+    config.json and tf_model.h5, the tokenizer, the PyTorch copy in pytorch/ (unless `pytorch_copy`
+    is false) and the model card, whose text `card(trainer, metrics)` gives (`trainer`: run_mlm.py's
+    Keras trainer, its model in `trainer.masked_lm`). The repository is created, or found, when the
+    pusher is made, so a wrong id or a missing login stops the run before anything is built or
+    written.
 
-    During training, push_in_background() writes a snapshot to a local staging folder on the training
-    thread (the weights must be read between steps) and uploads it from a worker thread while training
-    goes on. While that upload runs, further requests are skipped rather than queued: a queue could grow
-    without bound on a slow link, and only the newest weights matter. The worker is a daemon thread, so a
-    stuck upload can never keep a failed run from exiting. push_final() lets a running upload finish (so it
-    cannot land after the final model), then pushes the final model and waits for it, from a daemon thread
-    too: the two waits together last `push_timeout` seconds at most, after which the run gives up in one line
-    (the model is saved in `output_dir` by then) and can exit while the upload is still stuck.
+    During training, push_in_background() writes a snapshot to a local staging folder on the
+    training thread (the weights must be read between steps) and uploads it from a worker thread
+    while training goes on. While that upload runs, further requests are skipped rather than queued:
+    a queue could grow without bound on a slow link, and only the newest weights matter. The worker
+    is a daemon thread, so a stuck upload can never keep a failed run from exiting. push_final()
+    lets a running upload finish (so it cannot land after the final model), then pushes the final
+    model and waits for it, from a daemon thread too: the two waits together last `push_timeout`
+    seconds at most, after which the run gives up in one line (the model is saved in `output_dir` by
+    then) and can exit while the upload is still stuck.
     """
 
-    def __init__(self, repo_id, private, output_dir, tokenizer, pytorch_copy, card, push_timeout=FINAL_PUSH_TIMEOUT):
+    def __init__(
+        self,
+        repo_id,
+        private,
+        output_dir,
+        tokenizer,
+        pytorch_copy,
+        card,
+        push_timeout=FINAL_PUSH_TIMEOUT,
+    ):
         from huggingface_hub import HfApi
         from huggingface_hub.utils import disable_progress_bars
 
         self.repo_id = open_repository(repo_id, private, leave_out="--hub_model_id")
         self.api = HfApi()
-        self.output_dir, self.tokenizer, self.pytorch_copy, self.card = output_dir, tokenizer, pytorch_copy, card
+        self.output_dir, self.tokenizer, self.pytorch_copy, self.card = (
+            output_dir,
+            tokenizer,
+            pytorch_copy,
+            card,
+        )
         self.push_timeout = push_timeout
-        self.given_up = False  # set when push_final() stops waiting: an upload that ends after that stays silent
-        disable_progress_bars()  # upload bars from the worker thread would cut through Keras's progress lines
+        # set when push_final() stops waiting: an upload that ends after that stays silent
+        self.given_up = False
+        # upload bars from the worker thread would cut through Keras's progress lines
+        disable_progress_bars()
         self.upload = None  # the worker thread of the latest background push
-        print(f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the final model last.")
+        print(
+            f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the "
+            "final model last."
+        )
 
     def uploading(self):
         return self.upload is not None and self.upload.is_alive()
@@ -138,31 +176,37 @@ class HubPusher:
         """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True if started."""
         if self.uploading():
             return False
-        staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the run fail
+        # removed at exit too, should the run fail
+        staging = tempfile.TemporaryDirectory(prefix="hub-push-")
         self.write_snapshot(staging.name, trainer, self.card(trainer, metrics))
-        self.upload = threading.Thread(target=self.upload_snapshot, args=(staging, message), daemon=True)
+        self.upload = threading.Thread(
+            target=self.upload_snapshot, args=(staging, message), daemon=True
+        )
         self.upload.start()
         return True
 
     def upload_snapshot(self, staging, message):
         try:
-            self.api.upload_folder(repo_id=self.repo_id, folder_path=staging.name, commit_message=message)
+            self.api.upload_folder(
+                repo_id=self.repo_id, folder_path=staging.name, commit_message=message
+            )
             if not self.given_up:
                 print(f"Pushed to {self.repo_id}: {message}")
         except Exception as error:  # training goes on: the final push sends everything again
-            if self.given_up:  # the run has said its last line (and may be removing the staging folder)
+            # the run has said its last line (and may be removing the staging folder)
+            if self.given_up:
                 return
             print(
-                f"run_mlm.py: warning: the Hub push '{message}' failed ({hub_error_text(error)}); training goes "
-                "on, and the final model is pushed at the end.",
+                f"run_mlm.py: warning: the Hub push '{message}' failed ({hub_error_text(error)}); "
+                "training goes on, and the final model is pushed at the end.",
                 file=sys.stderr,
             )
         finally:
             staging.cleanup()
 
     def epoch_end_callback(self, total_steps):
-        """A Keras callback that pushes a snapshot at each epoch end, in the background; none at the last
-        (the step `total_steps`), which push_final() covers."""
+        """A Keras callback that pushes a snapshot at each epoch end, in the background; none at the
+        last (the step `total_steps`), which push_final() covers."""
         import tf_keras
 
         pusher = self
@@ -174,24 +218,30 @@ class HubPusher:
                     return
                 message = f"Epoch {epoch + 1}: step {step} of {total_steps}"
                 if not pusher.push_in_background(self.model, dict(logs or {}), message):
-                    print(f"Skipped the Hub push of epoch {epoch + 1}: the previous push is still uploading.")
+                    print(
+                        f"Skipped the Hub push of epoch {epoch + 1}: the previous push is still "
+                        "uploading."
+                    )
 
         return PushAtEpochEnd()
 
     def push_final(self, trainer, card_text, message):
-        """Push the final model and wait, `push_timeout` seconds at most; a failure or a push that does not end
-        in time is one line, and the model stays saved in the output folder."""
+        """Push the final model and wait, `push_timeout` seconds at most; a failure or a push that
+        does not end in time is one line, and the model stays saved in the output folder."""
         import tensorflow as tf
 
-        waited = 0.0  # the budget covers waiting for uploads, not writing the snapshot, which is local work
+        # the budget covers waiting for uploads, not writing the snapshot, which is local work
+        waited = 0.0
         if self.uploading():
             print("Waiting for the previous Hub push to finish before pushing the final model.")
             started = time.monotonic()
             self.upload.join(self.push_timeout)
             waited = time.monotonic() - started
-            if self.upload.is_alive():  # pushing the final model now could let the stuck snapshot land after it
+            # pushing the final model now could let the stuck snapshot land after it
+            if self.upload.is_alive():
                 raise self.give_up("did not start: an epoch's snapshot was still uploading after")
-        staging = tempfile.TemporaryDirectory(prefix="hub-push-")  # removed at exit too, should the upload stick
+        # removed at exit too, should the upload stick
+        staging = tempfile.TemporaryDirectory(prefix="hub-push-")
         try:
             self.write_snapshot(staging.name, trainer, card_text)
             curves = f"{self.output_dir.rstrip('/')}/{CURVES_NAME}"
@@ -212,14 +262,18 @@ class HubPusher:
             finally:
                 staging.cleanup()
 
-        worker = threading.Thread(target=upload, name="hub-final-push", daemon=True)  # exit must not wait for it
+        # exit must not wait for it
+        worker = threading.Thread(target=upload, name="hub-final-push", daemon=True)
         worker.start()
         worker.join(max(0.0, self.push_timeout - waited))
         if worker.is_alive():
             raise self.give_up("did not finish within")
         if "error" in outcome:
             raise self.push_later(f"failed ({hub_error_text(outcome['error'])})")
-        print(f"Pushed the final model, its tokenizer and model card to the Hub: {outcome['commit'].commit_url}")
+        print(
+            "Pushed the final model, its tokenizer and model card to the Hub: "
+            f"{outcome['commit'].commit_url}"
+        )
 
     def give_up(self, what_happened):
         """Stop waiting for a stuck upload: its daemon thread is left to the exit, silent from now on."""
@@ -230,7 +284,7 @@ class HubPusher:
         """The one line for a final push that did not happen: the model is saved, and how to push it by hand."""
         local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
         return UsageError(
-            f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id {self.repo_id} "
-            f"{what_happened}; push it later with `hf upload {self.repo_id} {self.output_dir} "
-            f"--exclude 'checkpoints/*'`{local_copy}."
+            f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id "
+            f"{self.repo_id} {what_happened}; push it later with `hf upload {self.repo_id} "
+            f"{self.output_dir} --exclude 'checkpoints/*'`{local_copy}."
         )

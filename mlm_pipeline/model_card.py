@@ -1,8 +1,8 @@
 """The README.md cards that go with what the pipeline publishes: the tokenizer's and the model's.
 
 The metadata block at the top of each card (library, pipeline, tags) is written by huggingface_hub's
-ModelCardData, so it is the YAML the Hub reads. A card is meant to be public, so the data, the tokenizer and
-the output folder are named by `public_name()`, never by a local path.
+ModelCardData, so it is the YAML the Hub reads. A card is meant to be public, so the data, the
+tokenizer and the output folder are named by `public_name()`, never by a local path.
 """
 
 import math
@@ -13,19 +13,21 @@ from .storage import is_remote
 
 
 def public_name(path):
-    """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as given, a local
-    path by its base name alone.
+    """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as
+    given, a local path by its base name alone.
 
-    A local path such as /home/<user>/runs/... says who ran the pipeline where, and nothing a reader can open.
-    A gs:// path stays: it names no machine nor user, and the bucket is one the user chose to train from (the
-    card is written to --output_dir before any push, to be read there first). A Hub id and a relative local
-    path look alike; the one that exists here, or that is absolute or starts with ~ or ., is taken as local
-    (a card may also name a path from another machine: the source a manifest recorded).
+    A local path such as /home/<user>/runs/... says who ran the pipeline where, and nothing a reader
+    can open. A gs:// path stays: it names no machine nor user, and the bucket is one the user chose
+    to train from (the card is written to --output_dir before any push, to be read there first). A
+    Hub id and a relative local path look alike; the one that exists here, or that is absolute or
+    starts with ~ or ., is taken as local (a card may also name a path from another machine: the
+    source a manifest recorded).
     """
     if not path or is_remote(path):
         return path
     if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
-        return os.path.basename(os.path.abspath(os.path.expanduser(path)))  # abspath: "." and "a/b/" name a folder
+        # abspath: "." and "a/b/" name a folder
+        return os.path.basename(os.path.abspath(os.path.expanduser(path)))
     return path
 
 
@@ -38,20 +40,23 @@ def metadata_block(**fields):
 
 def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
     """A short README.md for a tokenizer trained by train_unigram.py on `source` (`counts`: rows and texts read)."""
-    special = ", ".join(f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in special_tokens)
+    special = ", ".join(
+        f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in special_tokens
+    )
     return "\n".join(
         [
             metadata_block(library_name="transformers", tags=["tokenizer", "unigram"]),
             "",
             f"# {repo_id}",
             "",
-            f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 tokenizers by "
-            f"`train_unigram.py` on {public_name(source)} ({counts['texts']:,} non-blank texts of "
-            f"{counts['rows']:,} rows), for masked-language-model pretraining.",
+            f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 "
+            f"tokenizers by `train_unigram.py` on {public_name(source)} ({counts['texts']:,} "
+            f"non-blank texts of {counts['rows']:,} rows), for masked-language-model pretraining.",
             "",
-            "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer (`▁` marks the "
-            "start of a word), and each text becomes `[CLS] tokens [SEP]`. Special tokens (ids): "
-            f"{special}; `[MASK]` absorbs the space before it, as the word it stands for does.",
+            "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer "
+            "(`▁` marks the start of a word), and each text becomes `[CLS] tokens [SEP]`. Special "
+            f"tokens (ids): {special}; `[MASK]` absorbs the space before it, as the word it stands "
+            "for does.",
             "",
             "```python",
             "from transformers import AutoTokenizer",
@@ -63,16 +68,29 @@ def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
     )
 
 
-def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, trainer, metrics, *, paths, recipe):
-    """run_mlm.py's model card (README.md): what the model is, its data, its settings and its results so far.
+def model_card(
+    config,
+    tokenizer,
+    manifests,
+    global_batch_size,
+    planned_steps,
+    trainer,
+    metrics,
+    *,
+    paths,
+    recipe,
+):
+    """run_mlm.py's model card (README.md): what the model is, its data, its settings and its
+    results so far.
 
-    `manifests`: the train and evaluation manifests (the second may be None); `planned_steps` the run's (total
-    steps, steps per epoch); `trainer` the fitted model (its optimizer counts the steps taken, in this process
-    or before a resume) and `metrics` the figures of the latest epoch as fit() logs them: loss,
-    masked_accuracy, ... and their val_ twins. `paths`: where the model goes (hub_model_id, output_dir) and what
-    it was trained from (train_dataset, eval_dataset, tokenizer). `recipe`: the training settings, by name, as
-    the card reports them (learning_rate, warmup_ratio, max_grad_norm, adam_beta1/2, adam_epsilon,
-    weight_decay_rate, mlm_probability, whole_word_masking, mlm_head, bfloat16, seed, per_replica_batch_size,
+    `manifests`: the train and evaluation manifests (the second may be None); `planned_steps` the
+    run's (total steps, steps per epoch); `trainer` the fitted model (its optimizer counts the steps
+    taken, in this process or before a resume) and `metrics` the figures of the latest epoch as
+    fit() logs them: loss, masked_accuracy, ... and their val_ twins. `paths`: where the model goes
+    (hub_model_id, output_dir) and what it was trained from (train_dataset, eval_dataset,
+    tokenizer). `recipe`: the training settings, by name, as the card reports them (learning_rate,
+    warmup_ratio, max_grad_norm, adam_beta1/2, adam_epsilon, weight_decay_rate, mlm_probability,
+    whole_word_masking, mlm_head, bfloat16, seed, per_replica_batch_size,
     gradient_accumulation_steps, short_sequence_length, short_sequence_ratio).
     """
     train_manifest, eval_manifest = manifests
@@ -88,7 +106,8 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
     name = paths["hub_model_id"] or os.path.basename(paths["output_dir"].rstrip("/"))
     where = paths["hub_model_id"] or public_name(paths["output_dir"])
     copy_first = []
-    if is_remote(where):  # transformers loads Hub ids and local folders, not gs://: copy the folder here first
+    # transformers loads Hub ids and local folders, not gs://: copy the folder here first
+    if is_remote(where):
         copy_first = [f"# first: gsutil -m cp -r {where.rstrip('/')} .", ""]
         where = where.rstrip("/").rsplit("/", 1)[-1]
     mask = tokenizer.mask_token
@@ -106,8 +125,9 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
         status = f"Training finished after {steps:,} optimizer steps."
     else:
         status = (
-            f"**Training in progress**: this snapshot was taken after step {steps:,} of {total_steps:,}. The "
-            "weights and this card are replaced at every push, and by the final model at the end."
+            f"**Training in progress**: this snapshot was taken after step {steps:,} of "
+            f"{total_steps:,}. The weights and this card are replaced at every push, and by the "
+            "final model at the end."
         )
     data_rows = [("train", paths["train_dataset"], train_manifest)]
     if eval_manifest is not None:
@@ -118,20 +138,29 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
         for split, folder, manifest in data_rows
     )
     evaluation_note = (
-        "" if eval_manifest is not None else "\nNo evaluation shards were given, so there are no evaluation figures.\n"
+        ""
+        if eval_manifest is not None
+        else "\nNo evaluation shards were given, so there are no evaluation figures.\n"
     )
-    tags = ["fill-mask", "tensorflow", "masked-language-modeling", config.model_type, "pretrained-from-scratch"]
+    tags = [
+        "fill-mask",
+        "tensorflow",
+        "masked-language-modeling",
+        config.model_type,
+        "pretrained-from-scratch",
+    ]
     lines = [
         metadata_block(library_name="transformers", pipeline_tag="fill-mask", tags=tags),
         "",
         f"# {name}",
         "",
-        f"A {config.model_type} masked language model with {trainer.masked_lm.count_params():,} parameters, "
-        "pretrained from scratch (random initial weights, no checkpoint of another model) by `run_mlm.py` with "
-        "Keras `fit`: the last step of a TensorFlow pipeline whose first steps train a Unigram tokenizer "
-        "(`train_unigram.py`) and pack text into TFRecord shards (`prepare_tfrecord_shards.py`). The weights "
-        "are TensorFlow's (`tf_model.h5`, for transformers 4.x); `pytorch/` holds the same model for transformers 5 "
-        "and PyTorch (`model.safetensors`) unless the run was told not to write it.",
+        f"A {config.model_type} masked language model with {trainer.masked_lm.count_params():,} "
+        "parameters, pretrained from scratch (random initial weights, no checkpoint of another "
+        "model) by `run_mlm.py` with Keras `fit`: the last step of a TensorFlow pipeline whose "
+        "first steps train a Unigram tokenizer (`train_unigram.py`) and pack text into TFRecord "
+        "shards (`prepare_tfrecord_shards.py`). The weights are TensorFlow's (`tf_model.h5`, for "
+        "transformers 4.x); `pytorch/` holds the same model for transformers 5 and PyTorch "
+        "(`model.safetensors`) unless the run was told not to write it.",
         "",
         status,
         "",
@@ -141,7 +170,8 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
         *copy_first,
         "from transformers import pipeline",
         "",
-        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf", dtype=None)  # transformers 4.x, TF',
+        f'fill_mask = pipeline("fill-mask", model="{where}", framework="tf", dtype=None)  # '
+        "transformers 4.x, TF",
         f'print(fill_mask("The river runs under the old {mask} of the city."))',
         "```",
         "",
@@ -162,41 +192,52 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
         "|---|---|---|---|---|",
         data_table,
         "",
-        f"Each sequence holds {max_length} tokens, none of them padding. How the shards were packed, in their "
-        f"manifest's words: {train_manifest.get('packing', 'not recorded')}. "
-        f"Tokenizer: `{public_name(paths['tokenizer'])}`, "
-        f"{len(tokenizer):,} tokens in its vocabulary.",
+        f"Each sequence holds {max_length} tokens, none of them padding. How the shards were "
+        f"packed, in their manifest's words: {train_manifest.get('packing', 'not recorded')}. "
+        f"Tokenizer: `{public_name(paths['tokenizer'])}`, {len(tokenizer):,} tokens in its "
+        "vocabulary.",
         "",
         "## Training procedure",
         "",
         "| setting | value |",
         "|---|---|",
         f"| architecture | {config.model_type} |",
-        f"| layers / hidden size / attention heads | {config.num_hidden_layers} / {config.hidden_size} / "
-        f"{config.num_attention_heads} |",
-        f"| feed-forward size / position embeddings | {config.intermediate_size} / {config.max_position_embeddings} |",
-        f"| batch | {global_batch_size} sequences of {max_length} tokens ({per_replica} per replica, "
-        f"{global_batch_size // per_replica} replica(s)) |",
-        f"| steps | {total_steps:,} = {total_steps / steps_per_epoch:.2f} epochs of {steps_per_epoch:,} steps |",
-        *([f"| sequence-length warmup | the first {short_ratio:g} of the steps on each sequence cut into "
-           f"pieces of {short_length} tokens, as many tokens a step |"] if short_length
-          else []),
-        *([f"| gradient accumulation | {accumulation} micro-batches a step |"] if accumulation > 1 else []),
-        f"| optimizer | AdamW ({adam}), weight decay {recipe['weight_decay_rate']} (not on biases and layer "
-        f"norms), {clipping} |",
-        f"| learning rate | peak {recipe['learning_rate']:g}, linear warmup over {warmup_steps:,} steps "
-        f"({recipe['warmup_ratio']:g} of them), then linear decay to 0 |",
-        f"| masking | {recipe['mlm_probability']:.0%} of the non-special tokens of each sequence"
-        f"{', chosen as whole words' if recipe['whole_word_masking'] else ''}: 80% become `{mask}`, 10% a random "
-        "token, 10% stay; new masks every epoch |",
+        f"| layers / hidden size / attention heads | {config.num_hidden_layers} / "
+        f"{config.hidden_size} / {config.num_attention_heads} |",
+        f"| feed-forward size / position embeddings | {config.intermediate_size} / "
+        f"{config.max_position_embeddings} |",
+        f"| batch | {global_batch_size} sequences of {max_length} tokens ({per_replica} per "
+        f"replica, {global_batch_size // per_replica} replica(s)) |",
+        f"| steps | {total_steps:,} = {total_steps / steps_per_epoch:.2f} epochs of "
+        f"{steps_per_epoch:,} steps |",
+        *(
+            [
+                f"| sequence-length warmup | the first {short_ratio:g} of the steps on each "
+                f"sequence cut into pieces of {short_length} tokens, as many tokens a step |"
+            ]
+            if short_length
+            else []
+        ),
+        *(
+            [f"| gradient accumulation | {accumulation} micro-batches a step |"]
+            if accumulation > 1
+            else []
+        ),
+        f"| optimizer | AdamW ({adam}), weight decay {recipe['weight_decay_rate']} (not on biases "
+        f"and layer norms), {clipping} |",
+        f"| learning rate | peak {recipe['learning_rate']:g}, linear warmup over {warmup_steps:,} "
+        f"steps ({recipe['warmup_ratio']:g} of them), then linear decay to 0 |",
+        f"| masking | {recipe['mlm_probability']:.0%} of the non-special tokens of each "
+        f"sequence{', chosen as whole words' if recipe['whole_word_masking'] else ''}: 80% become "
+        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch |",
         f"| loss | cross-entropy at the masked positions ({recipe['mlm_head']} LM head) |",
         f"| precision | {'mixed bfloat16' if recipe['bfloat16'] else 'float32'} |",
         f"| seed | {recipe['seed']} |",
         "",
         "## Results",
         "",
-        f"After {steps:,} steps, {steps * global_batch_size * max_length:,} tokens seen. Train figures are the "
-        "means over the last epoch; all of them count the masked positions only.",
+        f"After {steps:,} steps, {steps * global_batch_size * max_length:,} tokens seen. Train "
+        "figures are the means over the last epoch; all of them count the masked positions only.",
         "",
         "| metric | train | evaluation |",
         "|---|---|---|",
@@ -205,7 +246,8 @@ def model_card(config, tokenizer, manifests, global_batch_size, planned_steps, t
         f"{number('val_perplexity', 2)} |",
         f"| masked accuracy (every labelled position) | {percent('masked_accuracy')} | "
         f"{percent('val_masked_accuracy')} |",
-        f"| accuracy at `{mask}` | {percent('mask_token_accuracy')} | {percent('val_mask_token_accuracy')} |",
+        f"| accuracy at `{mask}` | {percent('mask_token_accuracy')} | "
+        f"{percent('val_mask_token_accuracy')} |",
         evaluation_note,
     ]
     return "\n".join(lines)

@@ -1,13 +1,14 @@
-"""The bytes of a split's shards: token ids -> packed sequences -> tf.train.Example records -> TFRecord files.
+"""The bytes of a split's shards: token ids -> packed sequences -> tf.train.Example records ->
+TFRecord files.
 
 prepare_tfrecord_shards.py writes a split in one process or as an Apache Beam pipeline
 (mlm_pipeline/beam_pipeline.py); both pack and write every block through `pack_block` here, so they
 cannot drift apart, and a test holds them to the same bytes. Nothing here needs TensorFlow: numpy,
 🤗 tokenizers and google-crc32c are all a Beam worker installs to write shards that tf.data reads.
 
-A block's shards are `<split>-<block>-<shard>-<records>.tfrecord` (contract.shard_name): a shard never holds
-sequences of two blocks, so whoever packs a block writes all of its shards, and no sequence ever has to
-travel to another worker to be written.
+A block's shards are `<split>-<block>-<shard>-<records>.tfrecord` (contract.shard_name): a shard
+never holds sequences of two blocks, so whoever packs a block writes all of its shards, and no
+sequence ever has to travel to another worker to be written.
 """
 
 import copy
@@ -19,14 +20,14 @@ import numpy as np
 
 from .contract import FEATURE_NAME, shard_name, temporary_shard_name
 
-
 # ---------------------------------------------------------------------------------------------------------
 # Tokenizing
 
 
 def batch_backend(backend, split_special_tokens=False):
-    """A copy of a tokenizers.Tokenizer set up as transformers sets it for a batch call (no truncation, no
-    padding), so that threads can share it without anybody reconfiguring it under them."""
+    """A copy of a tokenizers.Tokenizer set up as transformers sets it for a batch call (no
+    truncation, no padding), so that threads can share it without anybody reconfiguring it under
+    them."""
     backend = copy.deepcopy(backend)
     backend.no_truncation()
     backend.no_padding()
@@ -35,9 +36,12 @@ def batch_backend(backend, split_special_tokens=False):
 
 
 def encode_texts(backend, texts):
-    """Each text's `[CLS] ... [SEP]` ids, concatenated into one int64 array: the same ids as transformers'
-    `tokenizer(texts)["input_ids"]`, without its per-text lists of ids, types and attention masks."""
-    per_text = [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=True)]
+    """Each text's `[CLS] ... [SEP]` ids, concatenated into one int64 array: the same ids as
+    transformers' `tokenizer(texts)["input_ids"]`, without its per-text lists of ids, types and
+    attention masks."""
+    per_text = [
+        encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=True)
+    ]
     return concatenate_ids(per_text)
 
 
@@ -74,19 +78,21 @@ def length_delimited(field_number, length):
 @functools.lru_cache(maxsize=None)
 def example_prefix(values_size):
     """Every byte of a record before its packed ids: the tag and length of each level of
-    Example{features: Features{feature: {"input_ids": Feature{int64_list: Int64List{value}}}}}, inside out."""
+    Example{features: Features{feature: {"input_ids": Feature{int64_list: Int64List{value}}}}},
+    inside out."""
     name = FEATURE_NAME.encode()
     prefix = length_delimited(1, values_size)  # Int64List.value, packed
     prefix = length_delimited(3, len(prefix) + values_size) + prefix  # Feature.int64_list
     key = length_delimited(1, len(name)) + name
-    prefix = key + length_delimited(2, len(prefix) + values_size) + prefix  # the map entry: key, value
+    # the map entry: key, value
+    prefix = key + length_delimited(2, len(prefix) + values_size) + prefix
     prefix = length_delimited(1, len(prefix) + values_size) + prefix  # Features.feature
     return length_delimited(1, len(prefix) + values_size) + prefix  # Example.features
 
 
 def varints(values):
-    """The varints of a 2-D uint64 array, concatenated row by row, and the byte count of each row: all 7-bit
-    groups at once, the high bit set on every group but each value's last."""
+    """The varints of a 2-D uint64 array, concatenated row by row, and the byte count of each row:
+    all 7-bit groups at once, the high bit set on every group but each value's last."""
     sizes = np.ones(values.shape, dtype=np.uint8)
     largest = int(values.max()) if values.size else 0
     for bits in range(7, 64, 7):
@@ -110,7 +116,9 @@ def serialize_examples(sequences):
     packed, sizes = varints(values)
     packed = packed.tobytes()
     ends = np.cumsum(sizes).tolist()
-    return [example_prefix(end - start) + packed[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    return [
+        example_prefix(end - start) + packed[start:end] for start, end in zip([0, *ends[:-1]], ends)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -126,8 +134,8 @@ def masked_crc32c(data):
 
 
 def tfrecord_bytes(records):
-    """A TFRecord file holding `records`: each as its length (8 bytes), that length's checksum, the record,
-    and the record's checksum, all little-endian: what tf.io.TFRecordWriter writes."""
+    """A TFRecord file holding `records`: each as its length (8 bytes), that length's checksum, the
+    record, and the record's checksum, all little-endian: what tf.io.TFRecordWriter writes."""
     out = bytearray()
     for record in records:
         length = struct.pack("<Q", len(record))
@@ -137,9 +145,10 @@ def tfrecord_bytes(records):
 
 
 class BlockShards:
-    """One block's shards, each written whole, `shard_size` sequences at a time, by `write_file(temporary, final,
-    data)` (which writes `data` under the temporary name and renames it: a shard appears complete or not at all).
-    A shard's bytes are built in memory: a few MB at 10,000 records of 128 tokens."""
+    """One block's shards, each written whole, `shard_size` sequences at a time, by
+    `write_file(temporary, final, data)` (which writes `data` under the temporary name and renames
+    it: a shard appears complete or not at all). A shard's bytes are built in memory: a few MB at
+    10,000 records of 128 tokens."""
 
     def __init__(self, split_dir, split, block, shard_size, write_file):
         self.split_dir, self.split, self.block = split_dir, split, block
@@ -160,18 +169,19 @@ class BlockShards:
         temporary = f"{self.split_dir}/{temporary_shard_name(self.split, self.block, index)}"
         data = tfrecord_bytes(self.pending)
         self.write_file(temporary, f"{self.split_dir}/{name}", data)
-        # The size lets training check that every shard is whole with one stat() call: a truncated TFRecord
-        # file reads as a shorter one without any error.
+        # The size lets training check that every shard is whole with one stat() call: a truncated
+        # TFRecord file reads as a shorter one without any error.
         self.shards.append({"file": name, "records": records, "bytes": len(data)})
         self.pending = []
 
 
 def pack_block(block, encoded_batches, max_length, shards, on_sequences=None):
-    """Pack one block: its documents' ids are concatenated in order and cut into `max_length` sequences,
-    written to `shards` (a BlockShards); only the block's final remainder, shorter than a sequence, is
-    dropped. `encoded_batches` yields (number of texts, their ids as one int64 array). Returns what the
-    block gave, as the split's manifest lists it."""
-    carry, documents = np.zeros(0, dtype=np.int64), 0  # carry: the block's tokens waiting to fill a sequence
+    """Pack one block: its documents' ids are concatenated in order and cut into `max_length`
+    sequences, written to `shards` (a BlockShards); only the block's final remainder, shorter than a
+    sequence, is dropped. `encoded_batches` yields (number of texts, their ids as one int64 array).
+    Returns what the block gave, as the split's manifest lists it."""
+    # carry: the block's tokens waiting to fill a sequence
+    carry, documents = np.zeros(0, dtype=np.int64), 0
     for texts_in_batch, ids in encoded_batches:
         documents += texts_in_batch
         stream = np.concatenate([carry, ids])
@@ -182,4 +192,9 @@ def pack_block(block, encoded_batches, max_length, shards, on_sequences=None):
         if on_sequences is not None and len(sequences):
             on_sequences(len(sequences))
     shards.flush()
-    return {"block": block, "documents": documents, "dropped_tokens": len(carry), "shards": shards.shards}
+    return {
+        "block": block,
+        "documents": documents,
+        "dropped_tokens": len(carry),
+        "shards": shards.shards,
+    }

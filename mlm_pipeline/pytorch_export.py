@@ -1,9 +1,10 @@
 """The PyTorch copy of a TF masked LM: <output_dir>/pytorch, a folder transformers 5 loads as it is.
 
-transformers 5 has no TF models, so run_mlm.py also writes its model with PyTorch's names and layouts, as
-model.safetensors beside the config and tokenizer, without needing torch. `check_pytorch_export()` refuses,
-before training, a config whose copy would be unverified or untied; a RoBERTa pad id other than 1, which would
-shift PyTorch's positions, is refused by run_mlm.py's build_config and asserted again when the copy is written.
+transformers 5 has no TF models, so run_mlm.py also writes its model with PyTorch's names and
+layouts, as model.safetensors beside the config and tokenizer, without needing torch.
+`check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
+untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
+run_mlm.py's build_config and asserted again when the copy is written.
 """
 
 import os
@@ -11,23 +12,31 @@ import os
 from .contract import PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
 from .errors import UsageError
 
-# The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5 and checks against the TF
-# model. The name mapping is generic, but a type joins this list only once that test covers it.
+# The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5 and checks
+# against the TF model. The name mapping is generic, but a type joins this list only once that test
+# covers it.
 PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
 # TF models whose embeddings assume the pad token is id 1 (their padding_idx is hard-coded).
-FIXED_PADDING_INDEX_MODELS = ("roberta", "roberta-prelayernorm", "xlm-roberta", "camembert", "longformer", "mpnet")
+FIXED_PADDING_INDEX_MODELS = (
+    "roberta",
+    "roberta-prelayernorm",
+    "xlm-roberta",
+    "camembert",
+    "longformer",
+    "mpnet",
+)
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
-    """TF RoBERTa (and its kin) numbers positions from a padding index fixed at 1, PyTorch RoBERTa from
-    pad_token_id: with another pad id every position would shift between the two frameworks."""
+    """TF RoBERTa (and its kin) numbers positions from a padding index fixed at 1, PyTorch RoBERTa
+    from pad_token_id: with another pad id every position would shift between the two frameworks."""
     if model_type in FIXED_PADDING_INDEX_MODELS and pad_token_id != 1:
         token = f"pad token {pad_token!r}" if pad_token is not None else "pad token"
         remedy = remedy or "retrain the tokenizer with train_unigram.py, which puts <pad> at id 1"
         raise UsageError(
-            f"the tokenizer's {token} has id {pad_token_id}, but transformers' TF {model_type} numbers positions "
-            "from a padding index fixed at 1 (its PyTorch twin uses pad_token_id), so the model would differ "
-            f"between frameworks; {remedy}."
+            f"the tokenizer's {token} has id {pad_token_id}, but transformers' TF {model_type} "
+            "numbers positions from a padding index fixed at 1 (its PyTorch twin uses "
+            f"pad_token_id), so the model would differ between frameworks; {remedy}."
         )
 
 
@@ -35,36 +44,48 @@ def check_pytorch_export(config):
     """Refuse before training a config whose PyTorch copy would be unverified or a different model."""
     if config.model_type not in PYTORCH_EXPORT_MODEL_TYPES:
         raise UsageError(
-            f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for {', '.join(PYTORCH_EXPORT_MODEL_TYPES)} "
-            f"models only, not {config.model_type}; pass --no_pytorch_export to save the TF weights alone."
+            f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for "
+            f"{', '.join(PYTORCH_EXPORT_MODEL_TYPES)} models only, not {config.model_type}; pass "
+            "--no_pytorch_export to save the TF weights alone."
         )
     if not config.tie_word_embeddings:
         raise UsageError(
-            "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share the word "
-            "embeddings with the LM head whatever it says, and a PyTorch model built from that config would "
-            "not; drop it from the config, or pass --no_pytorch_export."
+            "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share "
+            "the word embeddings with the LM head whatever it says, and a PyTorch model built "
+            "from that config would not; drop it from the config, or pass --no_pytorch_export."
         )
 
 
 def pytorch_state_dict(masked_lm):
     """The TF masked LM's weights under PyTorch transformers' names and layouts, as numpy arrays.
 
-    transformers' own TF-to-PyTorch mapping (the one behind from_pretrained(..., from_tf=True)) names each TF
-    variable and says whether it is stored transposed: a Keras Dense kernel is (in, out), a torch Linear
-    weight (out, in). Tied weights are written once, as PyTorch's save_pretrained writes them: the TF LM
-    head reuses the word embeddings, and PyTorch ties its decoder to them (and the decoder's bias to the
-    head's `bias`) when it loads, so the file holds e.g. `lm_head.bias` but no `lm_head.decoder.*`.
+    transformers' own TF-to-PyTorch mapping (the one behind from_pretrained(..., from_tf=True))
+    names each TF variable and says whether it is stored transposed: a Keras Dense kernel is (in,
+    out), a torch Linear weight (out, in). Tied weights are written once, as PyTorch's
+    save_pretrained writes them: the TF LM head reuses the word embeddings, and PyTorch ties its
+    decoder to them (and the decoder's bias to the head's `bias`) when it loads, so the file holds
+    e.g. `lm_head.bias` but no `lm_head.decoder.*`.
     """
-    from transformers.modeling_tf_pytorch_utils import TransposeType, convert_tf_weight_name_to_pt_weight_name
+    from transformers.modeling_tf_pytorch_utils import (
+        TransposeType,
+        convert_tf_weight_name_to_pt_weight_name,
+    )
 
     config = masked_lm.config
     # build_config() refused such a model already; never write its copy
-    check_padding_index(config.model_type, config.pad_token_id, remedy="rerun with --no_pytorch_export")
+    check_padding_index(
+        config.model_type, config.pad_token_id, remedy="rerun with --no_pytorch_export"
+    )
     state_dict = {}
     for weight in masked_lm.weights:
-        name, transpose = convert_tf_weight_name_to_pt_weight_name(weight.name, tf_weight_shape=weight.shape)
-        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):  # convolutions: no supported model has any
-            raise ValueError(f"the TF weight {weight.name} needs a {transpose.value} transpose, not handled here")
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(
+            weight.name, tf_weight_shape=weight.shape
+        )
+        # convolutions: no supported model has any
+        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):
+            raise ValueError(
+                f"the TF weight {weight.name} needs a {transpose.value} transpose, not handled here"
+            )
         if name in state_dict:
             raise ValueError(f"two TF weights map to the PyTorch name {name}")
         array = weight.numpy()
@@ -73,12 +94,12 @@ def pytorch_state_dict(masked_lm):
 
 
 def write_pytorch_copy(masked_lm, tokenizer, folder):
-    """<folder>/pytorch: config, tokenizer and model.safetensors with PyTorch names and layouts, a folder that
-    transformers 5 loads as it is; no torch is needed here.
+    """<folder>/pytorch: config, tokenizer and model.safetensors with PyTorch names and layouts, a
+    folder that transformers 5 loads as it is; no torch is needed here.
 
-    A folder of its own, not beside tf_model.h5: transformers 4.57's TF loader prefers a model.safetensors it
-    finds there, and fails on PyTorch-format files (its bug, not to be fixed), so the TF model would no longer
-    load by default.
+    A folder of its own, not beside tf_model.h5: transformers 4.57's TF loader prefers a
+    model.safetensors it finds there, and fails on PyTorch-format files (its bug, not to be fixed),
+    so the TF model would no longer load by default.
     """
     from safetensors.numpy import save_file
 
@@ -87,4 +108,8 @@ def write_pytorch_copy(masked_lm, tokenizer, folder):
     masked_lm.config.save_pretrained(copy)
     tokenizer.save_pretrained(copy)
     # "pt": the format transformers 5 loads.
-    save_file(pytorch_state_dict(masked_lm), os.path.join(copy, PYTORCH_WEIGHTS_NAME), metadata={"format": "pt"})
+    save_file(
+        pytorch_state_dict(masked_lm),
+        os.path.join(copy, PYTORCH_WEIGHTS_NAME),
+        metadata={"format": "pt"},
+    )

@@ -1,13 +1,15 @@
-"""A split's folder while prepare_tfrecord_shards.py writes it: checked, cleared and written so that a run killed
-at any moment leaves nothing a later step could mistake for a finished split.
+"""A split's folder while prepare_tfrecord_shards.py writes it: checked, cleared and written so that
+a run killed at any moment leaves nothing a later step could mistake for a finished split.
 
-The folder (local or gs://) holds shards, `<split>-<block>-<shard>-<records>.tfrecord`, and, once the split
-is finished, manifest.json. The rules:
-- manifest.json is written last, under a temporary name first and then renamed, so it appears whole or not
+The folder (local or gs://) holds shards, `<split>-<block>-<shard>-<records>.tfrecord`, and, once
+the split is finished, manifest.json. The rules:
+- manifest.json is written last, under a temporary name first and then renamed, so it appears whole
+  or not
   at all; without it the folder is unfinished, and run_mlm.py refuses it.
 - A finished split is replaced only with --overwrite_output_dir. An unfinished one (shards without a
   manifest: a run that was killed, or a Beam pipeline that failed) is leftovers: the next run clears it.
-- A run clears the folder just before its first shard (the Beam launcher: before the pipeline starts), so
+- A run clears the folder just before its first shard (the Beam launcher: before the pipeline
+  starts), so
   that input refused before then leaves an existing split untouched. A run that fails removes what it wrote.
 """
 
@@ -43,13 +45,15 @@ def missing_folders(folder):
 
 
 def clear_split_dir(split_dir):
-    """Create the split's folder and delete what this run replaces: a finished split's manifest first (so that
-    a folder interrupted halfway through no longer claims to hold one), a half-written one, then every shard."""
+    """Create the split's folder and delete what this run replaces: a finished split's manifest
+    first (so that a folder interrupted halfway through no longer claims to hold one), a
+    half-written one, then every shard."""
     import tensorflow as tf
 
     tf.io.gfile.makedirs(split_dir)
     remove_if_present(f"{split_dir}/{MANIFEST_NAME}")
-    remove_if_present(temporary_path(f"{split_dir}/{MANIFEST_NAME}"))  # a run killed while writing it
+    # a run killed while writing it
+    remove_if_present(temporary_path(f"{split_dir}/{MANIFEST_NAME}"))
     remove_shards(split_dir)
 
 

@@ -1,8 +1,9 @@
 """A finished split's manifest.json: what prepare_tfrecord_shards.py wrote, and how it was cut.
 
-Both ways of running the step, one process or an Apache Beam pipeline (beam_pipeline), build the manifest
-here from what each block gave (packing.pack_block), in block order, so the same input and flags give the
-same manifest byte for byte whichever wrote it and however a runner spread the blocks over its workers.
+Both ways of running the step, one process or an Apache Beam pipeline (beam_pipeline), build the
+manifest here from what each block gave (packing.pack_block), in block order, so the same input and
+flags give the same manifest byte for byte whichever wrote it and however a runner spread the blocks
+over its workers.
 """
 
 import hashlib
@@ -15,20 +16,25 @@ SPECIAL_TOKENS = ("cls", "sep", "pad", "unk", "mask", "bos", "eos")
 
 
 def tokenizer_fingerprint(backend):
-    """A short hash of a tokenizers.Tokenizer's whole definition: two tokenizers with one fingerprint give the
-    same ids. A Beam worker loads the tokenizer itself and checks it against the launcher's."""
+    """A short hash of a tokenizers.Tokenizer's whole definition: two tokenizers with one
+    fingerprint give the same ids. A Beam worker loads the tokenizer itself and checks it against
+    the launcher's."""
     return hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
 
 
-def split_settings(tokenizer, tokenizer_name, split, source, max_length, rows_per_block, shard_size):
-    """What the manifest says of the run beside what the blocks gave: the tokenizer's size and special ids
-    (run_mlm.py checks them), where the text came from, and how it was cut."""
+def split_settings(
+    tokenizer, tokenizer_name, split, source, max_length, rows_per_block, shard_size
+):
+    """What the manifest says of the run beside what the blocks gave: the tokenizer's size and
+    special ids (run_mlm.py checks them), where the text came from, and how it was cut."""
     return {
         "split": split,
         "source": source,
         "tokenizer": tokenizer_name,
         "vocab_size": len(tokenizer),
-        "special_token_ids": {name: getattr(tokenizer, f"{name}_token_id") for name in SPECIAL_TOKENS},
+        "special_token_ids": {
+            name: getattr(tokenizer, f"{name}_token_id") for name in SPECIAL_TOKENS
+        },
         "max_length": max_length,
         "rows_per_block": rows_per_block,
         "shard_size": shard_size,
@@ -36,8 +42,9 @@ def split_settings(tokenizer, tokenizer_name, split, source, max_length, rows_pe
 
 
 def split_manifest(blocks, rows, settings, packing):
-    """The split's manifest from every block's summary (in any order: they are sorted here) and the number of
-    input rows read. `packing` says in words how the sequences were cut. Refuses a split with no sequence."""
+    """The split's manifest from every block's summary (in any order: they are sorted here) and the
+    number of input rows read. `packing` says in words how the sequences were cut. Refuses a split
+    with no sequence."""
     blocks = sorted(blocks, key=lambda block: block["block"])
     shards = [shard for block in blocks for shard in block["shards"]]
     documents = sum(block["documents"] for block in blocks)
@@ -72,17 +79,21 @@ def manifest_text(manifest):
 def check_enough_text(settings, documents, records, dropped_tokens, blocks):
     split, source, max_length = settings["split"], settings["source"], settings["max_length"]
     if documents == 0:
-        raise UsageError(f"the {split} split ({source}) has no non-blank text; check the input and --text_column.")
+        raise UsageError(
+            f"the {split} split ({source}) has no non-blank text; check the input and "
+            "--text_column."
+        )
     if records == 0 and blocks == 1:
         raise UsageError(
-            f"the {split} split ({source}) has {dropped_tokens} tokens, fewer than one sequence of --max_length "
-            f"{max_length}; use more text or a smaller --max_length."
+            f"the {split} split ({source}) has {dropped_tokens} tokens, fewer than one sequence of "
+            f"--max_length {max_length}; use more text or a smaller --max_length."
         )
     if records == 0:
         raise UsageError(
-            f"the {split} split ({source}) has {dropped_tokens} tokens, but none of its {blocks} blocks of "
-            f"--rows_per_block {settings['rows_per_block']} rows fills one sequence of --max_length {max_length}; "
-            "use a larger --rows_per_block, more text or a smaller --max_length."
+            f"the {split} split ({source}) has {dropped_tokens} tokens, but none of its {blocks} "
+            f"blocks of --rows_per_block {settings['rows_per_block']} rows fills one sequence of "
+            f"--max_length {max_length}; use a larger --rows_per_block, more text or a smaller "
+            "--max_length."
         )
 
 
@@ -90,6 +101,7 @@ def report(manifest, split_dir):
     """The line a run prints at its end."""
     at_block_ends = f" at the ends of {manifest['blocks']} blocks" if manifest["blocks"] > 1 else ""
     print(
-        f"Wrote {manifest['records']} sequences of {manifest['max_length']} tokens ({manifest['tokens']} tokens, "
-        f"{manifest['dropped_tokens']} dropped{at_block_ends}) in {len(manifest['shards'])} shards to {split_dir}"
+        f"Wrote {manifest['records']} sequences of {manifest['max_length']} tokens "
+        f"({manifest['tokens']} tokens, {manifest['dropped_tokens']} dropped{at_block_ends}) in "
+        f"{len(manifest['shards'])} shards to {split_dir}"
     )

@@ -1,10 +1,10 @@
 """Where the pipeline writes: a local folder or a gs:// prefix, checked before any work.
 
-A local --output_dir that cannot be created or written is refused at once. A gs:// path is looked up by
-`check_gcs_paths()` in a short-lived child process, so that no network, no access or a missing bucket is one
-line within a minute instead of TensorFlow's minutes of retries ending in a libcurl code; an output prefix is
-also written to and deleted from there, so that an account that may read but not write is refused before
-hours of training rather than at the first checkpoint.
+A local --output_dir that cannot be created or written is refused at once. A gs:// path is looked up
+by `check_gcs_paths()` in a short-lived child process, so that no network, no access or a missing
+bucket is one line within a minute instead of TensorFlow's minutes of retries ending in a libcurl
+code; an output prefix is also written to and deleted from there, so that an account that may read
+but not write is refused before hours of training rather than at the first checkpoint.
 """
 
 import json
@@ -28,8 +28,9 @@ def temporary_path(path):
 
 
 def write_whole(path, text):
-    """Write a text file (local or gs://) that is never seen half-written: a hidden temporary file beside it,
-    then a rename (atomic on a local file system; a Cloud Storage object appears once complete)."""
+    """Write a text file (local or gs://) that is never seen half-written: a hidden temporary file
+    beside it, then a rename (atomic on a local file system; a Cloud Storage object appears once
+    complete)."""
     import tensorflow as tf
 
     temporary = temporary_path(path)
@@ -44,21 +45,30 @@ def check_local_output_dir(output_dir, flag="--output_dir"):
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        where = "is a file" if existing == os.path.abspath(output_dir) else f"lies under the file {existing}"
+        where = (
+            "is a file"
+            if existing == os.path.abspath(output_dir)
+            else f"lies under the file {existing}"
+        )
         raise UsageError(f"{flag} {output_dir} {where}, not a folder; choose a folder path.")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {output_dir} cannot be written: {existing} is read-only; choose another folder.")
+        raise UsageError(
+            f"{flag} {output_dir} cannot be written: {existing} is read-only; choose another "
+            "folder."
+        )
 
 
-GCS_PROBE_SECONDS = 60  # a bound on the whole probe: starting Python and TensorFlow, then a few requests per path
-WRITE_PROBE_PREFIX = ".write-check-"  # the object written and deleted under an output prefix; dotted, as scratch
-# Run by a child process: report the first gs:// path that TensorFlow cannot look up, or whose bucket does not
-# exist (TensorFlow's makedirs() asks about a missing bucket again and again, without end), or, for an output
-# (argv: the paths, each with "r:" or "w:" before it), that refuses a small object to be written or deleted
-# under it. The object's name is unique (several workers of one run probe the same prefix at once) and it is
-# deleted at once: a checkpoint rotation and every rewritten log need delete as much as create. Reading a
-# bucket's own metadata takes a right that reading and writing its objects does not: if that is refused, the
-# bucket is taken to exist.
+# a bound on the whole probe: starting Python and TensorFlow, then a few requests per path
+GCS_PROBE_SECONDS = 60
+# the object written and deleted under an output prefix; dotted, as scratch
+WRITE_PROBE_PREFIX = ".write-check-"
+# Run by a child process: report the first gs:// path that TensorFlow cannot look up, or whose
+# bucket does not exist (TensorFlow's makedirs() asks about a missing bucket again and again,
+# without end), or, for an output (argv: the paths, each with "r:" or "w:" before it), that refuses
+# a small object to be written or deleted under it. The object's name is unique (several workers of
+# one run probe the same prefix at once) and it is deleted at once: a checkpoint rotation and every
+# rewritten log need delete as much as create. Reading a bucket's own metadata takes a right that
+# reading and writing its objects does not: if that is refused, the bucket is taken to exist.
 GCS_PROBE_CODE = """
 import json, sys, uuid
 import tensorflow as tf
@@ -90,14 +100,16 @@ for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
         report(path, "delete", type(error).__name__, str(error), probe)
 """
 GCS_PROBE_ENV = {
-    # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe only.
+    # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe
+    # only.
     "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
     "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
     "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
     "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "10",
     "GCS_REQUEST_IDLE_TIMEOUT_SECS": "10",
     "GCS_METADATA_REQUEST_TIMEOUT_SECS": "10",
-    # The probe needs no accelerator: leave the TPU (which one process at a time may hold) and the GPUs alone.
+    # The probe needs no accelerator: leave the TPU (which one process at a time may hold) and the
+    # GPUs alone.
     "TPU_LOAD_LIBRARY": "0",
     "CUDA_VISIBLE_DEVICES": "",
     "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -105,18 +117,19 @@ GCS_PROBE_ENV = {
 
 
 def check_gcs_paths(paths, writable=()):
-    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no network, no access),
-    or, for the flags named in `writable`, written to.
+    """Refuse, in one line and within about a minute, a gs:// path that cannot be reached (no
+    network, no access), or, for the flags named in `writable`, written to.
 
-    `paths` maps each flag to its value (None and local paths are passed over). TensorFlow retries a failed
-    Cloud Storage request for over three minutes (GCS_RETRY_CONFIG_MAX_RETRIES: 10 by default, backing off up
-    to 32 s), then fails with a libcurl error code. That patience is what a long run needs to ride out a
-    passing outage, so it stays; but TensorFlow reads those settings once per process, so they cannot be
-    lowered for a first check alone. A short-lived child process with few retries and short timeouts
-    therefore looks up every path once, before any work, and this process keeps the defaults. Looking up
-    proves read access only: a prefix that the run will write to (`writable`) gets a small object created and
-    deleted there too, since an account may read a bucket yet not write to it, and the run would find out
-    only when it first saves, maybe hours later.
+    `paths` maps each flag to its value (None and local paths are passed over). TensorFlow retries a
+    failed Cloud Storage request for over three minutes (GCS_RETRY_CONFIG_MAX_RETRIES: 10 by
+    default, backing off up to 32 s), then fails with a libcurl error code. That patience is what a
+    long run needs to ride out a passing outage, so it stays; but TensorFlow reads those settings
+    once per process, so they cannot be lowered for a first check alone. A short-lived child process
+    with few retries and short timeouts therefore looks up every path once, before any work, and
+    this process keeps the defaults. Looking up proves read access only: a prefix that the run will
+    write to (`writable`) gets a small object created and deleted there too, since an account may
+    read a bucket yet not write to it, and the run would find out only when it first saves, maybe
+    hours later.
     """
     flags = {path: flag for flag, path in paths.items() if path and path.startswith("gs://")}
     if not flags:
@@ -126,17 +139,27 @@ def check_gcs_paths(paths, writable=()):
     command = [sys.executable, "-c", GCS_PROBE_CODE, WRITE_PROBE_PREFIX, *modes]
     try:
         probe = subprocess.run(
-            command, env={**os.environ, **GCS_PROBE_ENV}, capture_output=True, text=True, timeout=GCS_PROBE_SECONDS
+            command,
+            env={**os.environ, **GCS_PROBE_ENV},
+            capture_output=True,
+            text=True,
+            timeout=GCS_PROBE_SECONDS,
         )
     except subprocess.TimeoutExpired:
         raise UsageError(
-            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; {UNREACHABLE_ADVICE}."
+            f"{flags[first]} {first}: Cloud Storage did not answer within {GCS_PROBE_SECONDS} s; "
+            f"{UNREACHABLE_ADVICE}."
         ) from None
     try:
-        failure = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 and probe.stdout else None
+        failure = (
+            json.loads(probe.stdout.strip().splitlines()[-1])
+            if probe.returncode == 0 and probe.stdout
+            else None
+        )
     except ValueError:
         failure = None
-    if failure is not None:  # else every path answered; or the probe itself broke, and the run meets that itself
+    # else every path answered; or the probe itself broke, and the run meets that itself
+    if failure is not None:
         raise probe_failure(failure, flags[failure["path"]])
 
 
@@ -148,33 +171,42 @@ def probe_failure(failure, flag):
     path, step = failure["path"], failure["step"]
     where = f"{flag} {path}"
     if failure["error"] == "NoSuchBucket":
-        return UsageError(f"{where}: the bucket {failure['message']} does not exist; check the name, or create it.")
+        return UsageError(
+            f"{where}: the bucket {failure['message']} does not exist; check the name, or create "
+            "it."
+        )
     reason = gcs_failure_reason(failure["message"])
     refused = failure["error"] in ("PermissionDeniedError", "UnauthenticatedError")
     refused = refused or re.search(r"code 40[13]\b", reason)
     bucket = "/".join(path.split("/")[:3])
     if step == "read" and refused:
         return UsageError(
-            f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth application-default "
-            "login` or set GOOGLE_APPLICATION_CREDENTIALS to the key of an account that may use the bucket."
+            f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth "
+            "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to the key of an "
+            "account that may use the bucket."
         )
     if step == "read":
-        return UsageError(f"{where}: Cloud Storage cannot be reached ({reason}); {UNREACHABLE_ADVICE}.")
-    # The run writes there and also deletes and replaces what it wrote (old checkpoints, rewritten logs).
+        return UsageError(
+            f"{where}: Cloud Storage cannot be reached ({reason}); {UNREACHABLE_ADVICE}."
+        )
+    # The run writes there and also deletes and replaces what it wrote (old checkpoints, rewritten
+    # logs).
     rights = (
-        f"{flag} must be writable: give the account permission to create and delete objects in {bucket} (e.g. "
-        f"the role Storage Object User), or choose another {flag}"
+        f"{flag} must be writable: give the account permission to create and delete objects in "
+        f"{bucket} (e.g. the role Storage Object User), or choose another {flag}"
     )
     if step == "create" and refused:
-        return UsageError(f"{where}: Cloud Storage refused to create an object there ({reason}); {rights}.")
+        return UsageError(
+            f"{where}: Cloud Storage refused to create an object there ({reason}); {rights}."
+        )
     if step == "delete" and refused:
         return UsageError(
-            f"{where}: Cloud Storage let an object be created there but refused to delete it ({reason}); {rights}; "
-            f"then remove {failure['left']}."
+            f"{where}: Cloud Storage let an object be created there but refused to delete it "
+            f"({reason}); {rights}; then remove {failure['left']}."
         )
     return UsageError(
-        f"{where}: writing a test object there failed ({reason}); check the network (and HTTPS_PROXY, if you use "
-        f"a proxy), or choose another {flag}."
+        f"{where}: writing a test object there failed ({reason}); check the network (and "
+        f"HTTPS_PROXY, if you use a proxy), or choose another {flag}."
     )
 
 
@@ -186,5 +218,6 @@ def gcs_failure_reason(message):
     if details:
         return details.group(1).strip()
     text = re.sub(r"libcurl code \d+ meaning '([^']*)'", r"\1", text)
-    text = re.sub(r" with body .*", "", text)  # an HTTP error's body is a page of JSON; its code says enough
+    # an HTTP error's body is a page of JSON; its code says enough
+    text = re.sub(r" with body .*", "", text)
     return re.sub(r"^Error executing an HTTP request: ", "", text).strip()[:200]

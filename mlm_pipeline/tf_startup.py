@@ -1,10 +1,11 @@
 """A quiet start: TensorFlow's C++ start-up log is held back unless start-up fails.
 
-TensorFlow's libraries print a page while they load and look for devices (oneDNN notices, CUDA probing, a
-`cuInit` error on a machine without a GPU). Those lines go straight to the process's stderr whatever
-TF_CPP_MIN_LOG_LEVEL says, and they read like errors. The scripts load TensorFlow inside
-`tensorflow_startup_log_held_back()`, which keeps them in a temporary file and shows them only when start-up
-fails for a reason other than the user's input. TF_CPP_MIN_LOG_LEVEL=0 shows them always.
+TensorFlow's libraries print a page while they load and look for devices (oneDNN notices, CUDA
+probing, a `cuInit` error on a machine without a GPU). Those lines go straight to the process's
+stderr whatever TF_CPP_MIN_LOG_LEVEL says, and they read like errors. The scripts load TensorFlow
+inside `tensorflow_startup_log_held_back()`, which keeps them in a temporary file and shows them
+only when start-up fails for a reason other than the user's input. TF_CPP_MIN_LOG_LEVEL=0 shows them
+always.
 """
 
 import functools
@@ -16,7 +17,8 @@ from contextlib import contextmanager
 
 from .errors import UsageError
 
-# Python-side TF logging below warnings; set before TensorFlow is imported, and only if the user has not.
+# Python-side TF logging below warnings; set before TensorFlow is imported, and only if the user has
+# not.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
@@ -34,17 +36,18 @@ def installed_as_tpu_build():
     return installed("tensorflow-tpu") and not installed("tensorflow")
 
 
-# transformers 4.57 decides whether TensorFlow is there by the name of its distribution, and "tensorflow-tpu" is
-# not among the names it knows: on a TPU VM it would refuse TFAutoModelForMaskedLM as if TensorFlow were missing.
-# Its own switch, FORCE_TF_AVAILABLE, says TensorFlow is there; it must be set before transformers is imported.
+# transformers 4.57 decides whether TensorFlow is there by the name of its distribution, and
+# "tensorflow-tpu" is not among the names it knows: on a TPU VM it would refuse
+# TFAutoModelForMaskedLM as if TensorFlow were missing. Its own switch, FORCE_TF_AVAILABLE, says
+# TensorFlow is there; it must be set before transformers is imported.
 if installed_as_tpu_build():
     os.environ.setdefault("FORCE_TF_AVAILABLE", "1")
 
 
 @contextmanager
 def tensorflow_startup_log_held_back():
-    """Send file descriptor 2 to a temporary file for the block; replay it if the block fails (not for a
-    UsageError, which is the user's mistake and reported alone)."""
+    """Send file descriptor 2 to a temporary file for the block; replay it if the block fails (not
+    for a UsageError, which is the user's mistake and reported alone)."""
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
         yield
         return

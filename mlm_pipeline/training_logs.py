@@ -1,11 +1,13 @@
-"""What run_mlm.py reports: its accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG, the summary line.
+"""What run_mlm.py reports: its accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG,
+the summary line.
 
-Every figure counts the masked positions only. `position_accuracy()` is top-1 accuracy over the positions
-a boolean mask selects (every labelled position, or those whose input was [MASK]); `top_token_share()` is
-the share of predictions taken by the most predicted token, near 1 when the model has collapsed onto one
-answer. Each epoch's figures go to <output_dir>/training_log.csv (one row per epoch, across resumed runs;
-checkpoints.py decides when a row is written) and, with the learning rate and tokens per second, to
-TensorBoard (<output_dir>/logs); the run ends with <output_dir>/training_curves.png and one summary line.
+Every figure counts the masked positions only. `position_accuracy()` is top-1 accuracy over the
+positions a boolean mask selects (every labelled position, or those whose input was [MASK]);
+`top_token_share()` is the share of predictions taken by the most predicted token, near 1 when the
+model has collapsed onto one answer. Each epoch's figures go to <output_dir>/training_log.csv (one
+row per epoch, across resumed runs; checkpoints.py decides when a row is written) and, with the
+learning rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
+<output_dir>/training_curves.png and one summary line.
 """
 
 import csv
@@ -47,11 +49,14 @@ def top_token_share(vocab_size):
     class TopTokenShare(tf_keras.metrics.Metric):
         def __init__(self, **kwargs):
             super().__init__(name="top_token_share", **kwargs)
-            self.counts = self.add_weight(name="counts", shape=(vocab_size,), initializer="zeros", dtype=tf.float32)
+            self.counts = self.add_weight(
+                name="counts", shape=(vocab_size,), initializer="zeros", dtype=tf.float32
+            )
 
         def update_state(self, predictions, scored):
             ones = tf.cast(scored, tf.float32)
-            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU too.
+            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU
+            # too.
             self.counts.assign_add(tf.math.unsorted_segment_sum(ones, predictions, vocab_size))
 
         def result(self):
@@ -64,12 +69,13 @@ def top_token_share(vocab_size):
 
 
 def epoch_summary_callback():
-    """A Keras callback that adds val_perplexity, the wall time and the optimizer step to each epoch's logs,
-    the figures of the epoch's row of training_log.csv."""
+    """A Keras callback that adds val_perplexity, the wall time and the optimizer step to each
+    epoch's logs, the figures of the epoch's row of training_log.csv."""
     import tf_keras
 
     class EpochSummary(tf_keras.callbacks.Callback):
-        start = None  # set once: fit_exact_steps may call fit() several times with the same callbacks
+        # set once: fit_exact_steps may call fit() several times with the same callbacks
+        start = None
 
         def on_train_begin(self, logs=None):
             if self.start is None:
@@ -79,7 +85,8 @@ def epoch_summary_callback():
             if logs is None:
                 return
             if "val_loss" in logs:
-                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: exp(50) is noise already
+                # capped: exp(50) is noise already
+                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
             logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
             logs["step"] = int(self.model.optimizer.iterations.numpy())
 
@@ -103,11 +110,12 @@ def read_training_log(path):
 
 
 def write_epoch_row(path, epoch, logs):
-    """Log an epoch's figures (`logs`, as fit() gives them) as its row of the training_log.csv at `path`.
+    """Log an epoch's figures (`logs`, as fit() gives them) as its row of the training_log.csv at
+    `path`.
 
-    The file is rewritten whole, one row per epoch in order: rows of this epoch or later ones, logged before
-    an interruption and trained again since, give way to this row; a column the earlier rows lack (a rerun
-    given --eval_dataset) is added, empty in them.
+    The file is rewritten whole, one row per epoch in order: rows of this epoch or later ones,
+    logged before an interruption and trained again since, give way to this row; a column the
+    earlier rows lack (a rerun given --eval_dataset) is added, empty in them.
     """
     columns, rows = read_training_log(path)
     rows = [row for row in rows if int(row["epoch"]) < epoch] + [{"epoch": epoch, **logs}]
@@ -120,32 +128,45 @@ def write_epoch_row(path, epoch, logs):
 
 
 def last_logged_epoch(path):
-    """The newest row of a training_log.csv as fit()'s logs ({name: [value]}), {} if none: the figures a run
-    resumed at its last step reports, having no epoch left to train."""
+    """The newest row of a training_log.csv as fit()'s logs ({name: [value]}), {} if none: the
+    figures a run resumed at its last step reports, having no epoch left to train."""
     _, rows = read_training_log(path)
     if not rows:
         return {}
-    numbers = {name: value for name, value in rows[-1].items() if name != "epoch" and value not in ("", None)}
-    return {name: [int(value) if value.lstrip("-").isdigit() else float(value)] for name, value in numbers.items()}
+    numbers = {
+        name: value
+        for name, value in rows[-1].items()
+        if name != "epoch" and value not in ("", None)
+    }
+    return {
+        name: [int(value) if value.lstrip("-").isdigit() else float(value)]
+        for name, value in numbers.items()
+    }
 
 
 def steps_in_epochs(total_steps, steps_per_epoch):
     """'1,500 steps = 2.31 epochs of 650 steps': how far a run's steps take it through the data."""
     epochs = total_steps / steps_per_epoch
-    count = f"{epochs:.0f} epoch{'s' if epochs != 1 else ''}" if epochs.is_integer() else f"{epochs:.2f} epochs"
+    count = (
+        f"{epochs:.0f} epoch{'s' if epochs != 1 else ''}"
+        if epochs.is_integer()
+        else f"{epochs:.2f} epochs"
+    )
     return f"{total_steps:,} steps = {count} of {steps_per_epoch:,} steps"
 
 
 def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True):
     """TensorBoard scalars in <output_dir>/logs (local or gs://).
 
-    Every `logging_steps` steps: the training loss and accuracies over those steps alone, the learning rate
-    and tokens per second; after every epoch, the evaluation metrics and perplexity. fit()'s metrics are
-    running sums over the epoch, so two readings of their totals give the interval's exact figures. Like the
-    checkpoint callback, it counts steps on the host and touches the device only when it writes.
+    Every `logging_steps` steps: the training loss and accuracies over those steps alone, the
+    learning rate and tokens per second; after every epoch, the evaluation metrics and perplexity.
+    fit()'s metrics are running sums over the epoch, so two readings of their totals give the
+    interval's exact figures. Like the checkpoint callback, it counts steps on the host and touches
+    the device only when it writes.
 
-    Reading a metric sums its copies across replicas, which across hosts is a collective operation every
-    worker must join, so every worker runs this callback and only the chief (`writes`) keeps what it reads.
+    Reading a metric sums its copies across replicas, which across hosts is a collective operation
+    every worker must join, so every worker runs this callback and only the chief (`writes`) keeps
+    what it reads.
     """
     import tensorflow as tf
     import tf_keras
@@ -155,22 +176,34 @@ def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True
     class TensorBoardScalars(tf_keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True  # the per-batch logs are never read, so they need no conversion
+            # the per-batch logs are never read, so they need no conversion
+            self._supports_tf_logs = True
             log_dir = f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}"
-            self.writer = tf.summary.create_file_writer(log_dir) if writes else tf.summary.create_noop_writer()
+            self.writer = (
+                tf.summary.create_file_writer(log_dir)
+                if writes
+                else tf.summary.create_noop_writer()
+            )
 
         def totals(self):
             trainer = self.model
             pairs = {
                 "loss": (trainer.loss_tracker.total, trainer.loss_tracker.count),
                 "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
-                "mask_token_accuracy": (trainer.mask_token_accuracy.correct, trainer.mask_token_accuracy.total),
+                "mask_token_accuracy": (
+                    trainer.mask_token_accuracy.correct,
+                    trainer.mask_token_accuracy.total,
+                ),
             }
             # read_value() sums a metric's per-replica copies when there are several replicas.
-            return {name: (float(a.read_value()), float(b.read_value())) for name, (a, b) in pairs.items()}
+            return {
+                name: (float(a.read_value()), float(b.read_value()))
+                for name, (a, b) in pairs.items()
+            }
 
         def learning_rate(self):
-            rate = self.model.optimizer.learning_rate  # a schedule (warmup, then decay) or a fixed value
+            # a schedule (warmup, then decay) or a fixed value
+            rate = self.model.optimizer.learning_rate
             if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
                 rate = rate(self.model.optimizer.iterations)
             return float(rate)
@@ -181,11 +214,14 @@ def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True
                 for name, (numerator, denominator) in totals.items():
                     previous_numerator, previous_denominator = self.previous_totals[name]
                     if denominator > previous_denominator:
-                        value = (numerator - previous_numerator) / (denominator - previous_denominator)
+                        value = (numerator - previous_numerator) / (
+                            denominator - previous_denominator
+                        )
                         tf.summary.scalar(f"train/{name}", value)
                 tf.summary.scalar("train/learning_rate", self.learning_rate())
                 tf.summary.scalar(
-                    "train/tokens_per_second", (step - self.logged_step) * tokens_per_step / (now - self.logged_time)
+                    "train/tokens_per_second",
+                    (step - self.logged_step) * tokens_per_step / (now - self.logged_time),
                 )
             self.logged_step, self.logged_time, self.previous_totals = step, now, totals
 
@@ -197,7 +233,8 @@ def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True
 
         def on_train_batch_end(self, batch, logs=None):
             done = self.epoch_start + batch + 1
-            last_of_epoch = batch + 1 == self.params["steps"]  # its sums are reset before the next epoch
+            # its sums are reset before the next epoch
+            last_of_epoch = batch + 1 == self.params["steps"]
             if last_of_epoch or done // logging_steps > self.logged_step // logging_steps:
                 self.write_interval(done)
 
@@ -205,18 +242,19 @@ def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True
             with self.writer.as_default(step=self.logged_step):
                 for name, value in (logs or {}).items():
                     if name.startswith("val_"):
-                        tf.summary.scalar(f"eval/{name[len('val_'):]}", float(value))
+                        tf.summary.scalar(f"eval/{name[len('val_') :]}", float(value))
             self.writer.flush()
 
     return TensorBoardScalars()
 
 
 def read_scalars(log_dir):
-    """{tag: {step: value}} from the TensorBoard files in `log_dir`; a step written twice (a resumed run
-    repeats the steps after its last checkpoint) keeps the newer value."""
+    """{tag: {step: value}} from the TensorBoard files in `log_dir`; a step written twice (a resumed
+    run repeats the steps after its last checkpoint) keeps the newer value."""
     import tensorflow as tf
 
-    def written_at(path):  # events.out.tfevents.<unix time>.<host>...: the older file's values are replaced
+    # events.out.tfevents.<unix time>.<host>...: the older file's values are replaced
+    def written_at(path):
         name = path.rsplit("/", 1)[-1]
         return int(name.split(".")[3]), name
 
@@ -246,7 +284,9 @@ def plot_curves(log_dir, path):
             if points:
                 axes.plot(*zip(*points), style, label=label)
     loss_axes.set(title="masked-LM loss", xlabel="optimizer step", ylabel="cross-entropy")
-    accuracy_axes.set(title="accuracy at [MASK] inputs", xlabel="optimizer step", ylabel="top-1 accuracy")
+    accuracy_axes.set(
+        title="accuracy at [MASK] inputs", xlabel="optimizer step", ylabel="top-1 accuracy"
+    )
     for axes in (loss_axes, accuracy_axes):
         axes.grid(alpha=0.3)
         axes.legend()

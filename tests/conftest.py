@@ -1,7 +1,8 @@
-"""Shared fixtures: a tiny deterministic corpus, a tokenizer and TFRecord shards built once per session.
+"""Shared fixtures: a tiny deterministic corpus, a tokenizer and TFRecord shards built once per
+session.
 
-Everything runs offline: nothing is fetched from the Hub, and the Hugging Face caches point into pytest's
-temporary folder so that the tests never write into the user's cache.
+Everything runs offline: nothing is fetched from the Hub, and the Hugging Face caches point into
+pytest's temporary folder so that the tests never write into the user's cache.
 """
 
 import json
@@ -13,21 +14,24 @@ from pathlib import Path
 
 import pytest
 
-# Before TensorFlow, transformers or datasets are imported anywhere (the root scripts import them lazily).
+# Before TensorFlow, transformers or datasets are imported anywhere (the root scripts import them
+# lazily).
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-# TensorFlow's TPU build (requirements-tpu.txt) would otherwise ask the TPU metadata server for minutes first.
+# TensorFlow's TPU build (requirements-tpu.txt) would otherwise ask the TPU metadata server for
+# minutes first.
 os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# The standard library only, so none of the libraries above is loaded yet; tf_startup also lets transformers see
-# TensorFlow's TPU build (requirements-tpu.txt) in this process, as the scripts do in theirs.
+# The standard library only, so none of the libraries above is loaded yet; tf_startup also lets
+# transformers see TensorFlow's TPU build (requirements-tpu.txt) in this process, as the scripts do
+# in theirs.
 from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
 
 VOCAB_SIZE = 400
@@ -44,7 +48,19 @@ teacher farmer doctor writer painter sailor museum library harbour window letter
 quiet bright dark famous ancient northern southern long short heavy narrow built opened wrote played walked
 found carried painted crossed visited described followed remembered answered gathered
 """.split()
-_RARE = ["café", "naïve", "Zürich", "façade", "1984", "2023", "42", "—", "déjà", "jalapeño", "ｆｕｌｌ"]
+_RARE = [
+    "café",
+    "naïve",
+    "Zürich",
+    "façade",
+    "1984",
+    "2023",
+    "42",
+    "—",
+    "déjà",
+    "jalapeño",
+    "ｆｕｌｌ",
+]
 
 
 def _sentence(rng):
@@ -84,7 +100,9 @@ def read_lines(path):
 @pytest.fixture(scope="session", autouse=True)
 def isolated_hf_cache(tmp_path_factory):
     """Point every Hugging Face cache into pytest's temporary folder (read once, when the libraries load)."""
-    loaded = [name for name in ("huggingface_hub", "datasets", "transformers") if name in sys.modules]
+    loaded = [
+        name for name in ("huggingface_hub", "datasets", "transformers") if name in sys.modules
+    ]
     assert not loaded, f"{loaded} were imported before the cache could be redirected"
     home = tmp_path_factory.mktemp("hf_home")
     os.environ["HF_HOME"] = str(home)
@@ -108,7 +126,14 @@ def tokenizer_dir(corpus, tmp_path_factory):
     import train_unigram
 
     output_dir = tmp_path_factory.mktemp("tokenizer")
-    argv = ["--train_file", str(corpus["train"]), "--vocab_size", str(VOCAB_SIZE), "--output_dir", str(output_dir)]
+    argv = [
+        "--train_file",
+        str(corpus["train"]),
+        "--vocab_size",
+        str(VOCAB_SIZE),
+        "--output_dir",
+        str(output_dir),
+    ]
     train_unigram.main(train_unigram.parse_args(argv))
     return output_dir
 
@@ -128,13 +153,19 @@ def shards_dir(corpus, tokenizer_dir, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("shards")
     for split, shard_size in (("train", SHARD_SIZE), ("validation", 10000)):
         argv = [
-            f"--{split}_file", str(corpus[split]),
-            "--split", split,
-            "--tokenizer_name_or_path", str(tokenizer_dir),
-            "--max_length", str(MAX_LENGTH),
-            "--shard_size", str(shard_size),
-            "--output_dir", str(output_dir),
-        ]  # fmt: skip
+            f"--{split}_file",
+            str(corpus[split]),
+            "--split",
+            split,
+            "--tokenizer_name_or_path",
+            str(tokenizer_dir),
+            "--max_length",
+            str(MAX_LENGTH),
+            "--shard_size",
+            str(shard_size),
+            "--output_dir",
+            str(output_dir),
+        ]
         prepare.main(prepare.parse_args(argv))
     return output_dir
 
@@ -163,7 +194,8 @@ def read_records():
         features = contract.record_features(max_length)
         dataset = tf.data.TFRecordDataset([str(path) for path in files])
         return [
-            tf.io.parse_single_example(record, features)[contract.FEATURE_NAME].numpy().tolist() for record in dataset
+            tf.io.parse_single_example(record, features)[contract.FEATURE_NAME].numpy().tolist()
+            for record in dataset
         ]
 
     return read
@@ -190,7 +222,11 @@ def run_script():
 
 def files_in(folder):
     """Every file under `folder`, hidden ones included, as {relative path: bytes}."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 def assert_same_files(actual, expected):
@@ -207,7 +243,8 @@ def last_line(text):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Hub datasets, offline: a local folder laid out as a Hub repository, and a datasets cache of a test's own
+# Hub datasets, offline: a local folder laid out as a Hub repository, and a datasets cache of a
+# test's own
 
 
 def write_jsonl(path, lines):

@@ -1,4 +1,5 @@
-"""A small stand-in for the Hugging Face Hub on a loopback port, for the real huggingface_hub client.
+"""A small stand-in for the Hugging Face Hub on a loopback port, for the real huggingface_hub
+client.
 
 It answers the HTTP calls huggingface_hub 0.36 makes to create a repository and commit files to it:
 
@@ -13,18 +14,19 @@ It answers the HTTP calls huggingface_hub 0.36 makes to create a repository and 
     POST /api/models/<repo>/commit/<rev>                    the commit, as NDJSON
 
 Every repository keeps its commits in memory, oldest first, each as a `Commit(message, files)` with
-`files` mapping the path of each file sent in that commit to its bytes. Preupload returns no "oid" for
-the files already in the repository, so the client sends every file in every commit: a commit's `files`
-is the full set of files the client meant to publish at that moment.
+`files` mapping the path of each file sent in that commit to its bytes. Preupload returns no "oid"
+for the files already in the repository, so the client sends every file in every commit: a commit's
+`files` is the full set of files the client meant to publish at that moment.
 
-Xet: with hf_xet installed the client offers the "xet" transfer in the LFS batch request, but uses it
-only if the server picks it; this server always answers "basic", so large files go through the plain
-LFS upload above, which is what these tests exercise.
+Xet: with hf_xet installed the client offers the "xet" transfer in the LFS batch request, but uses
+it only if the server picks it; this server always answers "basic", so large files go through the
+plain LFS upload above, which is what these tests exercise.
 
-Knobs for failure tests: `fail_with` (an HTTP status that every request gets, or only those for which
-`fail_when("METHOD /path")` is true), `before_commit` (a function called with the repository id and the
-commit's position in it before the commit is stored; it may block, which holds the client's upload as a
-slow Hub would). `unrouted` lists the requests it had no answer for: a client calling anything else.
+Knobs for failure tests: `fail_with` (an HTTP status that every request gets, or only those for
+which `fail_when("METHOD /path")` is true), `before_commit` (a function called with the repository
+id and the commit's position in it before the commit is stored; it may block, which holds the
+client's upload as a slow Hub would). `unrouted` lists the requests it had no answer for: a client
+calling anything else.
 """
 
 import base64
@@ -40,7 +42,17 @@ import yaml
 
 Commit = collections.namedtuple("Commit", "message files")
 
-LFS_SUFFIXES = (".h5", ".bin", ".safetensors", ".msgpack", ".ckpt", ".pb", ".tflite", ".onnx", ".npz")
+LFS_SUFFIXES = (
+    ".h5",
+    ".bin",
+    ".safetensors",
+    ".msgpack",
+    ".ckpt",
+    ".pb",
+    ".tflite",
+    ".onnx",
+    ".npz",
+)
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024  # the Hub stores larger files in LFS whatever their kind
 REPO_PATTERN = r"(?P<repo>[\w.-]+/[\w.-]+)"
 REVISION_PATTERN = r"(?P<revision>[^/]+)"
@@ -49,8 +61,8 @@ REVISION_PATTERN = r"(?P<revision>[^/]+)"
 class FakeHub:
     """Start with `with FakeHub(token) as hub:`; point HF_ENDPOINT at `hub.url`.
 
-    `token` is the only token it accepts, and it belongs to the user `user`, who may create repositories in
-    their own namespace only.
+    `token` is the only token it accepts, and it belongs to the user `user`, who may create
+    repositories in their own namespace only.
     """
 
     def __init__(self, token, user="tester", fail_with=None, fail_when=None, before_commit=None):
@@ -69,7 +81,8 @@ class FakeHub:
         self.lock = threading.Lock()
         self.server = None
 
-    # -- life cycle ---------------------------------------------------------------------------------
+    # -- life cycle
+    # ---------------------------------------------------------------------------------
 
     def __enter__(self):
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -133,7 +146,9 @@ class FakeHub:
             self.requests.append(request)
             self.authorizations.append(handler.headers.get("Authorization"))
         if self.fail_with is not None and self.fail_when(request):
-            return reply(handler, self.fail_with, {"error": "the fake Hub fails this request on purpose"})
+            return reply(
+                handler, self.fail_with, {"error": "the fake Hub fails this request on purpose"}
+            )
         for route_method, pattern, answer in self._routes():
             match = re.fullmatch(pattern, path)
             if match and route_method == method:
@@ -149,7 +164,12 @@ class FakeHub:
         return reply(handler, 401, {"error": "Invalid username or password."})
 
     def _missing_repo(self, handler, repo):
-        return reply(handler, 404, {"error": f"Repository {repo} not found"}, {"X-Error-Code": "RepoNotFound"})
+        return reply(
+            handler,
+            404,
+            {"error": f"Repository {repo} not found"},
+            {"X-Error-Code": "RepoNotFound"},
+        )
 
     def _create_repo(self, handler, body):
         if not self._authorized(handler):
@@ -158,11 +178,16 @@ class FakeHub:
         namespace = request.get("organization") or self.user
         repo_id = f"{namespace}/{request['name']}"
         if namespace != self.user:
-            message = f'You don\'t have the rights to create a model under the namespace "{namespace}"'
+            message = (
+                f'You don\'t have the rights to create a model under the namespace "{namespace}"'
+            )
             return reply(handler, 403, {"error": message}, {"X-Error-Message": message})
         with self.lock:
             if repo_id in self.repos:
-                exists = {"error": "You already created this model repo", "url": self._repo_url(repo_id)}
+                exists = {
+                    "error": "You already created this model repo",
+                    "url": self._repo_url(repo_id),
+                }
                 return reply(handler, 409, exists)
             self.repos[repo_id] = {"private": bool(request.get("private")), "commits": []}
         return reply(handler, 200, {"url": self._repo_url(repo_id), "name": repo_id})
@@ -179,12 +204,18 @@ class FakeHub:
             sha = commit_id(repo, len(commits)) if commits else None
             private = self.repos[repo]["private"]
         siblings = [{"rfilename": path} for path in files]
-        return reply(handler, 200, {"id": repo, "sha": sha, "private": private, "siblings": siblings})
+        return reply(
+            handler, 200, {"id": repo, "sha": sha, "private": private, "siblings": siblings}
+        )
 
     def _whoami(self, handler, body):
         if not self._authorized(handler):
             return self._unauthorized(handler)
-        return reply(handler, 200, {"type": "user", "name": self.user, "orgs": [], "auth": {"type": "access_token"}})
+        return reply(
+            handler,
+            200,
+            {"type": "user", "name": self.user, "orgs": [], "auth": {"type": "access_token"}},
+        )
 
     def _validate_yaml(self, handler, body):
         content = json.loads(body)["content"]
@@ -208,7 +239,13 @@ class FakeHub:
             sample = base64.b64decode(file["sample"])
             large_or_binary = file["size"] >= LFS_SIZE_THRESHOLD or not is_text(sample)
             lfs = file["path"].endswith(LFS_SUFFIXES) or large_or_binary
-            files.append({"path": file["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False})
+            files.append(
+                {
+                    "path": file["path"],
+                    "uploadMode": "lfs" if lfs else "regular",
+                    "shouldIgnore": False,
+                }
+            )
         return reply(handler, 200, {"files": files, "commitOid": None})
 
     def _lfs_batch(self, handler, body, repo):
@@ -238,7 +275,9 @@ class FakeHub:
     def _lfs_verify(self, handler, body, oid):
         with self.lock:
             stored = oid in self.lfs_objects
-        return reply(handler, 200 if stored else 404, {} if stored else {"error": "object not uploaded"})
+        return reply(
+            handler, 200 if stored else 404, {} if stored else {"error": "object not uploaded"}
+        )
 
     def _commit(self, handler, body, repo, revision):
         if not self._authorized(handler):
@@ -258,10 +297,16 @@ class FakeHub:
             elif item["key"] == "lfsFile":
                 with self.lock:
                     if value["oid"] not in self.lfs_objects:
-                        return reply(handler, 400, {"error": f"LFS object of {value['path']} was never uploaded"})
+                        return reply(
+                            handler,
+                            400,
+                            {"error": f"LFS object of {value['path']} was never uploaded"},
+                        )
                     files[value["path"]] = self.lfs_objects[value["oid"]]
             else:
-                return reply(handler, 400, {"error": f"this fake Hub does not handle {item['key']!r}"})
+                return reply(
+                    handler, 400, {"error": f"this fake Hub does not handle {item['key']!r}"}
+                )
         if self.before_commit is not None:
             self.before_commit(repo, position)  # may block, as a slow upload would
         with self.lock:
@@ -312,10 +357,12 @@ def commit_id(repo_id, number):
 
 
 def use_fake_hub(monkeypatch, hub):
-    """Send this process's and its subprocesses' Hub traffic to `hub`, online, with `hub.token` as the token.
+    """Send this process's and its subprocesses' Hub traffic to `hub`, online, with `hub.token` as
+    the token.
 
-    tests/conftest.py turns the libraries offline for the whole session; a subprocess started after this
-    sees the loopback Hub instead (huggingface_hub reads these variables once, when it is imported).
+    tests/conftest.py turns the libraries offline for the whole session; a subprocess started after
+    this sees the loopback Hub instead (huggingface_hub reads these variables once, when it is
+    imported).
     """
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_TOKEN", hub.token)
@@ -326,9 +373,10 @@ def use_fake_hub(monkeypatch, hub):
 def connect_this_process(monkeypatch, hub):
     """Like use_fake_hub(), for this very process, whose huggingface_hub was imported offline.
 
-    huggingface_hub read HF_ENDPOINT and HF_HUB_OFFLINE into its constants when it was imported, and keeps
-    HTTP sessions (offline ones refuse every request), so the constants are patched for the test and the
-    sessions dropped; call disconnect_this_process() after the test so no online session outlives it.
+    huggingface_hub read HF_ENDPOINT and HF_HUB_OFFLINE into its constants when it was imported, and
+    keeps HTTP sessions (offline ones refuse every request), so the constants are patched for the
+    test and the sessions dropped; call disconnect_this_process() after the test so no online
+    session outlives it.
     """
     from huggingface_hub import constants
     from huggingface_hub.utils import reset_sessions

@@ -1,8 +1,9 @@
-"""gs:// paths end to end, offline: shards, training, checkpoints, resuming and the saved model on a Cloud Storage
-emulator (tests/gcs_emulator.py), and one clear line, soon, when Cloud Storage cannot be reached.
+"""gs:// paths end to end, offline: shards, training, checkpoints, resuming and the saved model on a
+Cloud Storage emulator (tests/gcs_emulator.py), and one clear line, soon, when Cloud Storage cannot
+be reached.
 
-Every script runs as a subprocess: TensorFlow's gs:// filesystem reads where to send requests from the
-environment once per process, and this test process keeps its own untouched for the other tests.
+Every script runs as a subprocess: TensorFlow's gs:// filesystem reads where to send requests from
+the environment once per process, and this test process keeps its own untouched for the other tests.
 """
 
 import json
@@ -14,16 +15,18 @@ import sys
 import time
 
 import pytest
-
 from conftest import MAX_LENGTH, REPO, SHARD_SIZE, TINY_MODEL, subprocess_env
 from gcs_emulator import GcsEmulator
+
 from mlm_pipeline import contract
 
 BUCKET = "test-bucket"
 BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
 SAVE_STEPS = 5
-SCRIPT_TIMEOUT = 300  # seconds; a run that hangs on Cloud Storage fails the test instead of the whole suite
-# Generous next to the few seconds the probe takes, far below the minutes TensorFlow's own retries would take.
+# seconds; a run that hangs on Cloud Storage fails the test instead of the whole suite
+SCRIPT_TIMEOUT = 300
+# Generous next to the few seconds the probe takes, far below the minutes TensorFlow's own retries
+# would take.
 UNREACHABLE_TIMEOUT = 120
 
 
@@ -46,35 +49,54 @@ def run_on(gcs, script, *args, timeout=SCRIPT_TIMEOUT, proxy_url=None):
     """Run a root script whose gs:// paths lead to the emulator (through `proxy_url`, if given)."""
     env = gcs.env(base=subprocess_env(), proxy_url=proxy_url)
     return subprocess.run(
-        script_command(script, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        script_command(script, *args),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def prepare_args(corpus, tokenizer_dir, split, output_dir):
     shard_size = SHARD_SIZE if split == "train" else 10000  # as the shards_dir fixture writes them
     return [
-        f"--{split}_file", corpus[split],
-        "--split", split,
-        "--tokenizer_name_or_path", tokenizer_dir,
-        "--max_length", MAX_LENGTH,
-        "--shard_size", shard_size,
-        "--output_dir", output_dir,
-    ]  # fmt: skip
+        f"--{split}_file",
+        corpus[split],
+        "--split",
+        split,
+        "--tokenizer_name_or_path",
+        tokenizer_dir,
+        "--max_length",
+        MAX_LENGTH,
+        "--shard_size",
+        shard_size,
+        "--output_dir",
+        output_dir,
+    ]
 
 
 def training_args(tokenizer_dir, output_dir, *extra):
     return [
         "--no_tpu",
-        "--train_dataset", f"gs://{BUCKET}/shards/train",
-        "--eval_dataset", f"gs://{BUCKET}/shards/validation",
-        "--tokenizer", tokenizer_dir,
-        "--output_dir", output_dir,
-        "--config_overrides", TINY_MODEL,
-        "--per_replica_batch_size", BATCH_SIZE,
-        "--save_steps", SAVE_STEPS,
-        "--shuffle_buffer_size", 64,
+        "--train_dataset",
+        f"gs://{BUCKET}/shards/train",
+        "--eval_dataset",
+        f"gs://{BUCKET}/shards/validation",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+        "--config_overrides",
+        TINY_MODEL,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--save_steps",
+        SAVE_STEPS,
+        "--shuffle_buffer_size",
+        64,
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +105,15 @@ def gcs_shards(gcs, corpus, tokenizer_dir):
     env = gcs.env(base=subprocess_env())
     output_dir = f"gs://{BUCKET}/shards"
     commands = {
-        split: script_command("prepare_tfrecord_shards.py", *prepare_args(corpus, tokenizer_dir, split, output_dir))
+        split: script_command(
+            "prepare_tfrecord_shards.py", *prepare_args(corpus, tokenizer_dir, split, output_dir)
+        )
         for split in ("train", "validation")
     }
     processes = {
-        split: subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        split: subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for split, command in commands.items()
     }
     for split, process in processes.items():
@@ -99,40 +125,68 @@ def gcs_shards(gcs, corpus, tokenizer_dir):
 
 def test_prepare_writes_the_same_shards_to_gcs_as_to_a_local_folder(gcs, gcs_shards, shards_dir):
     local = {
-        str(path.relative_to(shards_dir)): path.read_bytes() for path in sorted(shards_dir.rglob("*")) if path.is_file()
+        str(path.relative_to(shards_dir)): path.read_bytes()
+        for path in sorted(shards_dir.rglob("*"))
+        if path.is_file()
     }
-    # Objects named like folders ("shards/train/") are how TensorFlow's makedirs() marks folders on gs://.
-    arrived = [name for name in gcs.list_objects(BUCKET, f"{gcs_shards}/") if not name.endswith("/")]
-    # Nothing else: no temporary shard or manifest left behind, and the manifest and every shard byte for byte.
+    # Objects named like folders ("shards/train/") are how TensorFlow's makedirs() marks folders on
+    # gs://.
+    arrived = [
+        name for name in gcs.list_objects(BUCKET, f"{gcs_shards}/") if not name.endswith("/")
+    ]
+    # Nothing else: no temporary shard or manifest left behind, and the manifest and every shard
+    # byte for byte.
     assert sorted(name.removeprefix(f"{gcs_shards}/") for name in arrived) == sorted(local), arrived
     for name, content in local.items():
         assert gcs.download(BUCKET, f"{gcs_shards}/{name}") == content, name
     manifest = json.loads(local["train/manifest.json"])
-    assert len(manifest["shards"]) > 1 and manifest["records"] == sum(shard["records"] for shard in manifest["shards"])
+    assert len(manifest["shards"]) > 1 and manifest["records"] == sum(
+        shard["records"] for shard in manifest["shards"]
+    )
 
 
 def test_beam_reads_a_glob_in_the_bucket_and_writes_there_what_one_local_process_writes(
     gcs, corpus, tokenizer_dir, tmp_path
 ):
-    """prepare --runner on gs:// paths, as on Dataflow (here Beam's DirectRunner, two worker processes): the
-    workers list, seek into and read the corpus's objects and write the shards and manifest.json with Beam's
-    own Cloud Storage client; the launcher checks and clears the split with TensorFlow's. The single process
-    reads the same glob of objects (with TensorFlow's client), and both write the same bytes."""
+    """prepare --runner on gs:// paths, as on Dataflow (here Beam's DirectRunner, two worker
+    processes): the workers list, seek into and read the corpus's objects and write the shards and
+    manifest.json with Beam's own Cloud Storage client; the launcher checks and clears the split
+    with TensorFlow's. The single process reads the same glob of objects (with TensorFlow's client),
+    and both write the same bytes."""
     lines = corpus["train"].read_bytes().splitlines(keepends=True)
     third = len(lines) // 3
-    for name, data in {"part-1.txt": b"".join(lines[:third]), "part-0.txt": b"".join(lines[third:])}.items():
+    for name, data in {
+        "part-1.txt": b"".join(lines[:third]),
+        "part-0.txt": b"".join(lines[third:]),
+    }.items():
         gcs.upload(BUCKET, f"corpus/{name}", data)
-    flags = ["--train_file", f"gs://{BUCKET}/corpus/part-*.txt", "--tokenizer_name_or_path", tokenizer_dir]
+    flags = [
+        "--train_file",
+        f"gs://{BUCKET}/corpus/part-*.txt",
+        "--tokenizer_name_or_path",
+        tokenizer_dir,
+    ]
     flags += ["--max_length", MAX_LENGTH, "--shard_size", 40, "--rows_per_block", 60]
     local = run_on(gcs, "prepare_tfrecord_shards.py", *flags, "--output_dir", tmp_path / "local")
     assert local.returncode == 0, local.stderr[-3000:]
-    beam = ["--runner", "DirectRunner", "--direct_num_workers", 2, "--direct_running_mode", "multi_processing"]
-    written = run_on(gcs, "prepare_tfrecord_shards.py", *flags, "--output_dir", f"gs://{BUCKET}/beam", *beam)
+    beam = [
+        "--runner",
+        "DirectRunner",
+        "--direct_num_workers",
+        2,
+        "--direct_running_mode",
+        "multi_processing",
+    ]
+    written = run_on(
+        gcs, "prepare_tfrecord_shards.py", *flags, "--output_dir", f"gs://{BUCKET}/beam", *beam
+    )
     assert written.returncode == 0, written.stderr[-3000:]
     assert written.stderr.strip() == "", "Beam's and TensorFlow's logs are held back"
 
     local_files = [path for path in (tmp_path / "local").rglob("*") if path.is_file()]
-    expected = {str(path.relative_to(tmp_path / "local")): path.read_bytes() for path in local_files}
+    expected = {
+        str(path.relative_to(tmp_path / "local")): path.read_bytes() for path in local_files
+    }
     arrived = [name for name in gcs.list_objects(BUCKET, "beam/") if not name.endswith("/")]
     assert sorted(name.removeprefix("beam/") for name in arrived) == sorted(expected)
     for name, content in expected.items():
@@ -145,7 +199,9 @@ def latest_checkpoint_step(gcs, run):
     name = f"{run}/{contract.CHECKPOINT_DIR}/checkpoint"
     if name not in gcs.list_objects(BUCKET, name):
         return None
-    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', gcs.download(BUCKET, name).decode(), re.M)
+    match = re.search(
+        r'^model_checkpoint_path: "ckpt-(\d+)"', gcs.download(BUCKET, name).decode(), re.M
+    )
     return int(match.group(1)) if match else None
 
 
@@ -168,39 +224,60 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
 ):
     manifest = json.loads(gcs.download(BUCKET, f"{gcs_shards}/train/manifest.json"))
     per_epoch = manifest["records"] // BATCH_SIZE
-    total = per_epoch + SAVE_STEPS + 2  # the kill lands early in the second epoch; the run ends inside it
+    # the kill lands early in the second epoch; the run ends inside it
+    total = per_epoch + SAVE_STEPS + 2
     run = "run"
-    args = training_args(tokenizer_dir, f"gs://{BUCKET}/{run}", "--num_epochs", 2, "--max_steps", total)
+    args = training_args(
+        tokenizer_dir, f"gs://{BUCKET}/{run}", "--num_epochs", 2, "--max_steps", total
+    )
     command, env = script_command("run_mlm.py", *args), gcs.env(base=subprocess_env())
 
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    # Killed once the first epoch is over: its checkpoint and its row of the training log are in the bucket.
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    # Killed once the first epoch is over: its checkpoint and its row of the training log are in the
+    # bucket.
     kill_once_in_bucket(process, gcs, f"{run}/{contract.TRAINING_LOG_NAME}")
     saved_step = latest_checkpoint_step(gcs, run)
     assert per_epoch <= saved_step < total
     assert f"{run}/config.json" not in gcs.list_objects(BUCKET, run)  # not a finished model
 
     # The same command again: it finds the checkpoint on gs://, resumes there and finishes.
-    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
+    rerun = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     checkpoints = f"gs://{BUCKET}/{run}/{contract.CHECKPOINT_DIR}"
-    assert f"Resuming from {checkpoints}/ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout
+    assert (
+        f"Resuming from {checkpoints}/ckpt-{saved_step} at step {saved_step} of {total}."
+        in rerun.stdout
+    )
     assert f"Finished: {total:,} steps" in rerun.stdout
 
     objects = gcs.list_objects(BUCKET, f"{run}/")
     names = {name.removeprefix(f"{run}/") for name in objects}
-    model_files = {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
-    model_files |= {f"{contract.PYTORCH_DIR}/{name}" for name in ("config.json", "tokenizer.json", "model.safetensors")}
+    model_files = {
+        "config.json",
+        "tf_model.h5",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
+    model_files |= {
+        f"{contract.PYTORCH_DIR}/{name}"
+        for name in ("config.json", "tokenizer.json", "model.safetensors")
+    }
     model_files |= {contract.CURVES_NAME, "README.md"}
     assert model_files <= names, names
     assert all(objects[f"{run}/{name}"] > 0 for name in model_files)
-    assert not [name for name in names if ".saving-" in name or name.endswith(".tmp")], names  # no staging left
+    # no staging left
+    assert not [name for name in names if ".saving-" in name or name.endswith(".tmp")], names
     assert latest_checkpoint_step(gcs, run) == total
     assert f"{contract.CHECKPOINT_DIR}/ckpt-{total}.index" in names
     assert f"{contract.CHECKPOINT_DIR}/{contract.RUN_SETTINGS_NAME}" in names
-    # One row per epoch: the killed run wrote the first, its rerun appended the second (an append on gs://
-    # rewrites the whole object).
-    card = gcs.download(BUCKET, f"{run}/README.md").decode()  # its usage snippet loads a folder, not gs://
+    # One row per epoch: the killed run wrote the first, its rerun appended the second (an append on
+    # gs:// rewrites the whole object). its usage snippet loads a folder, not gs://
+    card = gcs.download(BUCKET, f"{run}/README.md").decode()
     assert f"# first: gsutil -m cp -r gs://{BUCKET}/{run} ." in card and f'model="{run}"' in card
     assert f'"gs://{BUCKET}/{run}", ' not in card
     log = gcs.download(BUCKET, f"{run}/{contract.TRAINING_LOG_NAME}").decode().splitlines()
@@ -208,14 +285,19 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
 
     from transformers import pipeline
 
-    fill_mask = pipeline("fill-mask", model=str(gcs.download_folder(BUCKET, run, tmp_path / "downloaded")), dtype=None)
+    fill_mask = pipeline(
+        "fill-mask",
+        model=str(gcs.download_folder(BUCKET, run, tmp_path / "downloaded")),
+        dtype=None,
+    )
     assert type(fill_mask.model).__name__ == "TFRobertaForMaskedLM"
     assert fill_mask.model.config.vocab_size == len(tokenizer) == len(fill_mask.tokenizer)
     assert len(fill_mask("the river [MASK] the city.", top_k=3)) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs:// path.
+# Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs://
+# path.
 
 
 @pytest.fixture(scope="module")
@@ -229,19 +311,22 @@ def closed_port():
 UNREACHABLE_CASES = [
     pytest.param(
         "prepare_tfrecord_shards.py",
-        "--train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--train_file {corpus} --tokenizer_name_or_path {tokenizer} --output_dir "
+        "gs://{bucket}/unreachable",
         "--output_dir gs://{bucket}/unreachable",
         id="prepare --output_dir",
     ),
     pytest.param(
         "run_mlm.py",
-        "--no_tpu --train_dataset gs://{bucket}/shards/train --tokenizer {tokenizer} --output_dir {out}",
+        "--no_tpu --train_dataset gs://{bucket}/shards/train --tokenizer {tokenizer} --output_dir "
+        "{out}",
         "--train_dataset gs://{bucket}/shards/train",
         id="run_mlm --train_dataset",
     ),
     pytest.param(
         "run_mlm.py",
-        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir gs://{bucket}/unreachable",
+        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir "
+        "gs://{bucket}/unreachable",
         "--output_dir gs://{bucket}/unreachable",
         id="run_mlm --output_dir",
     ),
@@ -263,26 +348,46 @@ def test_unreachable_gcs_fails_fast_in_one_line(
     gcs, closed_port, script, arguments, named, corpus, tokenizer_dir, shards_dir, tmp_path
 ):
     names = {
-        "bucket": BUCKET, "corpus": corpus["train"], "tokenizer": tokenizer_dir, "local_shards": shards_dir,
+        "bucket": BUCKET,
+        "corpus": corpus["train"],
+        "tokenizer": tokenizer_dir,
+        "local_shards": shards_dir,
         "out": tmp_path / "out",
-    }  # fmt: skip
+    }
     args = [word.format(**names) for word in arguments.split()]
-    # No proxy listens there: every request TensorFlow makes fails at once, as with no network. Without the
-    # probe, TensorFlow's retries would take minutes and end in a traceback (UNREACHABLE_TIMEOUT catches that).
-    result = run_on(gcs, script, *args, proxy_url=f"http://127.0.0.1:{closed_port}", timeout=UNREACHABLE_TIMEOUT)
-    refused_in_one_line(result, script, named.format(**names), "cannot be reached", f"127.0.0.1 port {closed_port}")
+    # No proxy listens there: every request TensorFlow makes fails at once, as with no network.
+    # Without the probe, TensorFlow's retries would take minutes and end in a traceback
+    # (UNREACHABLE_TIMEOUT catches that).
+    result = run_on(
+        gcs, script, *args, proxy_url=f"http://127.0.0.1:{closed_port}", timeout=UNREACHABLE_TIMEOUT
+    )
+    refused_in_one_line(
+        result, script, named.format(**names), "cannot be reached", f"127.0.0.1 port {closed_port}"
+    )
     assert not (tmp_path / "out").exists()
     assert not gcs.list_objects(BUCKET, "unreachable")
 
 
 def test_gcs_refusing_access_is_named_with_what_to_do(gcs, shards_dir, tokenizer_dir, tmp_path):
-    # Cloud Storage answers 401 to a request without valid credentials, 403 to an account without rights.
+    # Cloud Storage answers 401 to a request without valid credentials, 403 to an account without
+    # rights.
     refusing_proxy = gcs.start_proxy(refuse_with=403)
     evaluation = f"gs://{BUCKET}/shards/validation"
-    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--eval_dataset", evaluation,
-            "--tokenizer", tokenizer_dir, "--output_dir", tmp_path / "out"]  # fmt: skip
+    args = [
+        "--no_tpu",
+        "--train_dataset",
+        shards_dir / "train",
+        "--eval_dataset",
+        evaluation,
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        tmp_path / "out",
+    ]
     result = run_on(gcs, "run_mlm.py", *args, proxy_url=refusing_proxy, timeout=UNREACHABLE_TIMEOUT)
-    line = refused_in_one_line(result, "run_mlm.py", f"--eval_dataset {evaluation}", "refused access", "403")
+    line = refused_in_one_line(
+        result, "run_mlm.py", f"--eval_dataset {evaluation}", "refused access", "403"
+    )
     assert "GOOGLE_APPLICATION_CREDENTIALS" in line
     assert not (tmp_path / "out").exists()
 
@@ -295,7 +400,8 @@ READ_ONLY_CASES = [
     ),
     pytest.param(
         "run_mlm.py",
-        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir {output_dir}",
+        "--no_tpu --train_dataset {local_shards}/train --tokenizer {tokenizer} --output_dir "
+        "{output_dir}",
         id="run_mlm",
     ),
 ]
@@ -305,35 +411,58 @@ READ_ONLY_CASES = [
 def test_an_output_that_may_be_read_but_not_written_is_refused_before_any_work(
     gcs, script, arguments, corpus, tokenizer_dir, shards_dir
 ):
-    # An account that may read the bucket but not write to it: every lookup succeeds, every upload or delete
-    # gets 403. Reading alone would let the run start, and fail at its first save, maybe hours later.
+    # An account that may read the bucket but not write to it: every lookup succeeds, every upload
+    # or delete gets 403. Reading alone would let the run start, and fail at its first save, maybe
+    # hours later.
     read_only_proxy = gcs.start_proxy(refuse_writes_with=403)
     output_dir = f"gs://{BUCKET}/read-only"
-    names = dict(corpus=corpus["train"], tokenizer=tokenizer_dir, local_shards=shards_dir, output_dir=output_dir)
+    names = dict(
+        corpus=corpus["train"],
+        tokenizer=tokenizer_dir,
+        local_shards=shards_dir,
+        output_dir=output_dir,
+    )
     args = [word.format(**names) for word in arguments.split()]
     result = run_on(gcs, script, *args, proxy_url=read_only_proxy, timeout=UNREACHABLE_TIMEOUT)
     refused_in_one_line(
-        result, script, f"--output_dir {output_dir}: Cloud Storage refused to create an object there", "403",
-        f"permission to create and delete objects in gs://{BUCKET}", "or choose another --output_dir",
-    )  # fmt: skip
+        result,
+        script,
+        f"--output_dir {output_dir}: Cloud Storage refused to create an object there",
+        "403",
+        f"permission to create and delete objects in gs://{BUCKET}",
+        "or choose another --output_dir",
+    )
     assert result.stdout == ""  # stopped before any work: no tokenizing, no "Training ..." line
     assert not gcs.list_objects(BUCKET, "read-only")
 
 
 def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokenizer_dir, tmp_path):
-    # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over and over.
+    # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over
+    # and over.
     output_dir = "gs://no-such-bucket/run"
-    args = ["--no_tpu", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir,
-            "--output_dir", output_dir]  # fmt: skip
+    args = [
+        "--no_tpu",
+        "--train_dataset",
+        shards_dir / "train",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+    ]
     result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)
-    refused_in_one_line(result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist")
+    refused_in_one_line(
+        result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist"
+    )
 
 
 def test_unigram_refuses_a_gcs_output_instead_of_writing_a_local_gs_folder(corpus, tmp_path):
-    # Saved with the local filesystem, gs://bucket/tokenizer would become the folder ./gs:/bucket/tokenizer.
+    # Saved with the local filesystem, gs://bucket/tokenizer would become the folder
+    # ./gs:/bucket/tokenizer.
     output_dir = "gs://bucket/tokenizer"
     args = ["--train_file", corpus["train"], "--vocab_size", 100, "--output_dir", output_dir]
     command = script_command("train_unigram.py", *args)
-    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     refused_in_one_line(result, "train_unigram.py", f"--output_dir {output_dir}", "local")
     assert list(tmp_path.iterdir()) == []

@@ -1,9 +1,10 @@
 """Hub pushes over HTTP, against the real huggingface_hub client and a fake Hub on a loopback port.
 
-What arrives in which commit: train_unigram.py's tokenizer in one commit; run_mlm.py's snapshot at an epoch
-end while training goes on, then the final model, tokenizer and model card. A Hub that cannot be used
-stops run_mlm.py before the model is built, with one line. Most tests run the scripts' main() in this
-process (connected to the fake Hub for the test); one runs run_mlm.py as a command.
+What arrives in which commit: train_unigram.py's tokenizer in one commit; run_mlm.py's snapshot at
+an epoch end while training goes on, then the final model, tokenizer and model card. A Hub that
+cannot be used stops run_mlm.py before the model is built, with one line. Most tests run the
+scripts' main() in this process (connected to the fake Hub for the test); one runs run_mlm.py as a
+command.
 """
 
 import csv
@@ -12,18 +13,19 @@ import threading
 import time
 
 import pytest
+from conftest import TINY_MODEL, VOCAB_SIZE, last_line
+from fake_hub import FakeHub, connect_this_process, disconnect_this_process, use_fake_hub
 
 import run_mlm
 import train_unigram
-from conftest import TINY_MODEL, VOCAB_SIZE, last_line
-from fake_hub import FakeHub, connect_this_process, disconnect_this_process, use_fake_hub
 from mlm_pipeline import contract, hub
 
 TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 MODEL_FILES = {"config.json", "tf_model.h5"}
 BATCH_SIZE = 16
-HOLD_LIMIT_SECONDS = 120  # a generous bound: the held upload is released by training progress, not by time
+# a generous bound: the held upload is released by training progress, not by time
+HOLD_LIMIT_SECONDS = 120
 
 
 @pytest.fixture
@@ -35,10 +37,23 @@ def connect(monkeypatch):
 
 def run_mlm_argv(shards_dir, tokenizer_dir, output_dir, *extra):
     argv = [
-        "--no_tpu", "--train_dataset", shards_dir / "train", "--eval_dataset", shards_dir / "validation",
-        "--tokenizer", tokenizer_dir, "--output_dir", output_dir, "--config_overrides", TINY_MODEL,
-        "--per_replica_batch_size", BATCH_SIZE, "--save_steps", 0, *extra,
-    ]  # fmt: skip
+        "--no_tpu",
+        "--train_dataset",
+        shards_dir / "train",
+        "--eval_dataset",
+        shards_dir / "validation",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+        "--config_overrides",
+        TINY_MODEL,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--save_steps",
+        0,
+        *extra,
+    ]
     return [str(arg) for arg in argv]
 
 
@@ -54,9 +69,18 @@ def test_train_unigram_pushes_the_tokenizer_and_a_card_in_one_commit(connect, co
     output_dir = tmp_path / "tokenizer"
     with FakeHub(TOKEN) as hub:
         connect(hub)
-        argv = ["--train_file", str(corpus["train"]), "--vocab_size", str(VOCAB_SIZE), "--output_dir", str(output_dir)]
+        argv = [
+            "--train_file",
+            str(corpus["train"]),
+            "--vocab_size",
+            str(VOCAB_SIZE),
+            "--output_dir",
+            str(output_dir),
+        ]
         tokenizer = train_unigram.main(
-            train_unigram.parse_args(argv + ["--push_to_hub", "--hub_model_id", "unigram", "--hub_private"])
+            train_unigram.parse_args(
+                argv + ["--push_to_hub", "--hub_model_id", "unigram", "--hub_private"]
+            )
         )
     (commit,) = hub.commits("tester/unigram")  # a bare name lands in the token owner's namespace
     assert set(commit.files) == TOKENIZER_FILES | {"README.md"}
@@ -67,7 +91,10 @@ def test_train_unigram_pushes_the_tokenizer_and_a_card_in_one_commit(connect, co
     assert f"A Unigram tokenizer of {len(tokenizer):,} tokens" in card
     assert 'from_pretrained("tester/unigram")' in card
     # The corpus by its file name: its absolute path would tell the world who trained it where.
-    assert f"by `train_unigram.py` on {corpus['train'].name} (" in card and str(tmp_path.parent) not in card
+    assert (
+        f"by `train_unigram.py` on {corpus['train'].name} (" in card
+        and str(tmp_path.parent) not in card
+    )
     assert hub.repos["tester/unigram"]["private"] is True
     assert hub.unrouted == [] and set(hub.authorizations) == {f"Bearer {TOKEN}"}
 
@@ -78,9 +105,16 @@ def test_train_unigram_meets_an_unusable_hub_before_training(connect, corpus, tm
         connect(hub)
         argv = ["--train_file", str(corpus["train"]), "--output_dir", str(output_dir)]
         with pytest.raises(train_unigram.UsageError) as failure:
-            train_unigram.main(train_unigram.parse_args(argv + ["--push_to_hub", "--hub_model_id", "tester/unigram"]))
+            train_unigram.main(
+                train_unigram.parse_args(
+                    argv + ["--push_to_hub", "--hub_model_id", "tester/unigram"]
+                )
+            )
     message = str(failure.value)
-    assert "\n" not in message and "--hub_model_id tester/unigram (HTTP 500 Internal Server Error" in message
+    assert (
+        "\n" not in message
+        and "--hub_model_id tester/unigram (HTTP 500 Internal Server Error" in message
+    )
     assert "Training" not in capsys.readouterr().out and not output_dir.exists()
 
 
@@ -91,8 +125,9 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     held = {}
 
     def hold_the_first_commit_until_epoch_two_is_logged(repo_id, position):
-        # The epoch-1 snapshot's commit stays unanswered until training has logged epoch 2. Were pushes not in
-        # the background, training would wait for this answer and the two would wait for each other.
+        # The epoch-1 snapshot's commit stays unanswered until training has logged epoch 2. Were
+        # pushes not in the background, training would wait for this answer and the two would wait
+        # for each other.
         if position == 0:
             deadline = time.monotonic() + HOLD_LIMIT_SECONDS
             while len(training_log_rows(output_dir)) < 2 and time.monotonic() < deadline:
@@ -101,40 +136,55 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
 
     with FakeHub(TOKEN, before_commit=hold_the_first_commit_until_epoch_two_is_logged) as hub:
         connect(hub)
-        argv = run_mlm_argv(shards_dir, tokenizer_dir, output_dir, "--num_epochs", 3, "--hub_model_id", "tester/mlm")
+        argv = run_mlm_argv(
+            shards_dir, tokenizer_dir, output_dir, "--num_epochs", 3, "--hub_model_id", "tester/mlm"
+        )
         run_mlm.main(run_mlm.parse_args(argv))
-    assert held == {"epochs logged on release": 2}  # epoch 2 ended while epoch 1's push was still uploading
+    # epoch 2 ended while epoch 1's push was still uploading
+    assert held == {"epochs logged on release": 2}
 
-    # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still ran), then the final model.
+    # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still ran), then the
+    # final model.
     snapshot, final = hub.commits("tester/mlm")
     assert "Skipped the Hub push of epoch 2" in capsys.readouterr().out
-    # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its own, as save() lays them out.
+    # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its own, as save()
+    # lays them out.
     names = {"config.json", *TOKENIZER_FILES, contract.PYTORCH_WEIGHTS_NAME}
     pytorch = {f"{contract.PYTORCH_DIR}/{name}" for name in names}
     published = MODEL_FILES | TOKENIZER_FILES | {"README.md"} | pytorch
-    assert set(snapshot.files) == published and set(final.files) == published | {contract.CURVES_NAME}
+    assert set(snapshot.files) == published and set(final.files) == published | {
+        contract.CURVES_NAME
+    }
     assert snapshot.message.startswith("Epoch 1:") and final.message.startswith("Final model:")
     assert "Training in progress" in snapshot.files["README.md"].decode()
-    assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]  # two more epochs changed the weights
+    # two more epochs changed the weights
+    assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]
 
-    # The final commit is the saved model: the same config, tokenizer and card, and the same weights.
+    # The final commit is the saved model: the same config, tokenizer and card, and the same
+    # weights.
     for name in ("config.json", *TOKENIZER_FILES, "README.md", *pytorch, contract.CURVES_NAME):
         assert final.files[name] == (output_dir / name).read_bytes(), name
     pushed_weights = tmp_path / "pushed.h5"
     pushed_weights.write_bytes(final.files["tf_model.h5"])
     assert same_weights(pushed_weights, output_dir / "tf_model.h5")
-    assert hashlib.sha256(final.files["tf_model.h5"]).hexdigest() in hub.lfs_uploads  # LFS: not xet, not inline
+    # LFS: not xet, not inline
+    assert hashlib.sha256(final.files["tf_model.h5"]).hexdigest() in hub.lfs_uploads
     assert hub.unrouted == []
 
     # The card carries this run's numbers.
     card = final.files["README.md"].decode()
     last_epoch = training_log_rows(output_dir)[-1]
     steps = int(last_epoch["step"])
-    train, validation = read_manifest(shards_dir / "train"), read_manifest(shards_dir / "validation")
+    train, validation = (
+        read_manifest(shards_dir / "train"),
+        read_manifest(shards_dir / "validation"),
+    )
     metadata = "---\nlibrary_name: transformers\npipeline_tag: fill-mask\ntags:\n- fill-mask\n- tensorflow\n"
     assert card.startswith(metadata)
     assert "Training finished" in card
-    assert f"After {steps:,} steps, {steps * BATCH_SIZE * train['max_length']:,} tokens seen" in card
+    assert (
+        f"After {steps:,} steps, {steps * BATCH_SIZE * train['max_length']:,} tokens seen" in card
+    )
     assert f"| {float(last_epoch['loss']):.4f} | {float(last_epoch['val_loss']):.4f} |" in card
     assert f"| {float(last_epoch['val_perplexity']):.2f} |" in card
     assert f"| {100 * float(last_epoch['val_mask_token_accuracy']):.2f}% |" in card
@@ -143,18 +193,29 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     assert 'pipeline("fill-mask", model="tester/mlm"' in card
 
 
-def test_the_model_card_names_local_folders_by_their_base_names_only(shards_dir, tokenizer_dir, tmp_path):
-    # Every local path here is absolute, under the test session's temporary folder; a card is meant to be
-    # published, so none of them may reach it, whether as shard folders, tokenizer, the corpus the shards were
-    # made from (their manifests' source) or, with no --hub_model_id, the model in the usage snippet.
+def test_the_model_card_names_local_folders_by_their_base_names_only(
+    shards_dir, tokenizer_dir, tmp_path
+):
+    # Every local path here is absolute, under the test session's temporary folder; a card is meant
+    # to be published, so none of them may reach it, whether as shard folders, tokenizer, the corpus
+    # the shards were made from (their manifests' source) or, with no --hub_model_id, the model in
+    # the usage snippet.
     output_dir = tmp_path / "model"
-    run_mlm.main(run_mlm.parse_args(run_mlm_argv(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2)))
+    run_mlm.main(
+        run_mlm.parse_args(run_mlm_argv(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2))
+    )
     card = (output_dir / contract.MODEL_CARD_NAME).read_text()
     session_folder = str(tmp_path.parent)  # holds tmp_path and every session fixture's folder
     assert session_folder not in card
-    assert "| train | `train` | train.txt |" in card and "| evaluation | `validation` | validation.txt |" in card
+    assert (
+        "| train | `train` | train.txt |" in card
+        and "| evaluation | `validation` | validation.txt |" in card
+    )
     assert f"Tokenizer: `{tokenizer_dir.name}`" in card
-    assert 'pipeline("fill-mask", model="model",' in card and 'from_pretrained("model", subfolder=' in card
+    assert (
+        'pipeline("fill-mask", model="model",' in card
+        and 'from_pretrained("model", subfolder=' in card
+    )
 
 
 def same_weights(first, second):
@@ -173,31 +234,45 @@ def same_weights(first, second):
         return found
 
     left, right = arrays(first), arrays(second)
-    return left.keys() == right.keys() and all(np.array_equal(left[name], right[name]) for name in left)
+    return left.keys() == right.keys() and all(
+        np.array_equal(left[name], right[name]) for name in left
+    )
 
 
-def test_a_failed_final_push_is_one_line_and_the_model_stays_saved(connect, shards_dir, tokenizer_dir, tmp_path):
+def test_a_failed_final_push_is_one_line_and_the_model_stays_saved(
+    connect, shards_dir, tokenizer_dir, tmp_path
+):
     output_dir = tmp_path / "model"
     with FakeHub(TOKEN, fail_with=500, fail_when=lambda request: "/commit/" in request) as hub:
         connect(hub)
-        argv = run_mlm_argv(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2, "--hub_model_id", "tester/mlm")
+        argv = run_mlm_argv(
+            shards_dir, tokenizer_dir, output_dir, "--max_steps", 2, "--hub_model_id", "tester/mlm"
+        )
         with pytest.raises(run_mlm.UsageError) as failure:
             run_mlm.main(run_mlm.parse_args(argv))
     message = str(failure.value)
-    assert "\n" not in message and message.startswith(f"the model is saved in {output_dir}, but pushing it")
+    assert "\n" not in message and message.startswith(
+        f"the model is saved in {output_dir}, but pushing it"
+    )
     assert "HTTP 500" in message and "hf upload tester/mlm" in message
-    assert {"tf_model.h5", "config.json", "README.md"} <= {path.name for path in output_dir.iterdir()}
+    assert {"tf_model.h5", "config.json", "README.md"} <= {
+        path.name for path in output_dir.iterdir()
+    }
     assert hub.commits("tester/mlm") == []
 
 
-PUSH_TIMEOUT = 10  # seconds: --hub_push_timeout for the stuck pushes below, ample for a tiny model on loopback
+# seconds: --hub_push_timeout for the stuck pushes below, ample for a tiny model on loopback
+PUSH_TIMEOUT = 10
 
 
 @pytest.mark.parametrize(
     ("extra", "what_happened"),
     [
         (["--max_steps", 2], f"did not finish within {PUSH_TIMEOUT} s"),
-        (["--num_epochs", 2], f"did not start: an epoch's snapshot was still uploading after {PUSH_TIMEOUT} s"),
+        (
+            ["--num_epochs", 2],
+            f"did not start: an epoch's snapshot was still uploading after {PUSH_TIMEOUT} s",
+        ),
     ],
     ids=["final-push-stuck", "epoch-snapshot-stuck"],
 )
@@ -208,9 +283,10 @@ def test_a_stuck_final_push_gives_up_in_one_line_and_the_model_stays_saved(
     reached, released, returned = threading.Event(), threading.Event(), threading.Event()
 
     def hold_the_first_commit(repo_id, position):
-        # The first commit (the final model's with one epoch, epoch 1's snapshot with two) gets no answer until
-        # the test has seen the run end: the upload is stuck, as on a link that stalls. The bound only keeps a
-        # broken test from hanging; a run that waited for the answer would end well after it, pushed.
+        # The first commit (the final model's with one epoch, epoch 1's snapshot with two) gets no
+        # answer until the test has seen the run end: the upload is stuck, as on a link that stalls.
+        # The bound only keeps a broken test from hanging; a run that waited for the answer would
+        # end well after it, pushed.
         if position == 0:
             reached.set()
             released.wait(HOLD_LIMIT_SECONDS)
@@ -218,22 +294,31 @@ def test_a_stuck_final_push_gives_up_in_one_line_and_the_model_stays_saved(
 
     with FakeHub(TOKEN, before_commit=hold_the_first_commit) as hub:
         use_fake_hub(monkeypatch, hub)
-        argv = run_mlm_argv(shards_dir, tokenizer_dir, output_dir, *extra, "--hub_model_id", "tester/mlm",
-                            "--hub_push_timeout", PUSH_TIMEOUT)  # fmt: skip
+        argv = run_mlm_argv(
+            shards_dir,
+            tokenizer_dir,
+            output_dir,
+            *extra,
+            "--hub_model_id",
+            "tester/mlm",
+            "--hub_push_timeout",
+            PUSH_TIMEOUT,
+        )
         try:
             result = run_script("run_mlm.py", *argv)
-            # The run ended while its upload was still held: it did not wait for it, and the upload's daemon
-            # thread did not keep the process alive.
+            # The run ended while its upload was still held: it did not wait for it, and the
+            # upload's daemon thread did not keep the process alive.
             assert reached.is_set() and not returned.is_set()
         finally:
             released.set()
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert last_line(result.stderr) == (
-        f"run_mlm.py: error: the model is saved in {output_dir}, but pushing it to --hub_model_id tester/mlm "
-        f"{what_happened} (--hub_push_timeout); push it later with `hf upload tester/mlm {output_dir} "
-        "--exclude 'checkpoints/*'`."
+        f"run_mlm.py: error: the model is saved in {output_dir}, but pushing it to --hub_model_id "
+        f"tester/mlm {what_happened} (--hub_push_timeout); push it later with `hf upload "
+        f"tester/mlm {output_dir} --exclude 'checkpoints/*'`."
     )
-    assert "warning: the Hub push" not in result.stderr  # the abandoned upload says nothing after that line
+    # the abandoned upload says nothing after that line
+    assert "warning: the Hub push" not in result.stderr
     assert "Pushed" not in result.stdout
     # The model is complete: what a run saves, config.json (written last) included.
     saved = {str(path.relative_to(output_dir)) for path in output_dir.rglob("*") if path.is_file()}
@@ -242,23 +327,47 @@ def test_a_stuck_final_push_gives_up_in_one_line_and_the_model_stays_saved(
 
 
 def hub_pusher_args(repo_id):
-    argv = ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o", "--hub_model_id", repo_id]
+    argv = [
+        "--train_dataset",
+        "d",
+        "--tokenizer",
+        "t",
+        "--output_dir",
+        "o",
+        "--hub_model_id",
+        repo_id,
+    ]
     return run_mlm.parse_args(argv)
 
 
 def hub_pusher(args):
     """The pusher run_mlm.main() makes for these flags, before any model or tokenizer exists."""
     return hub.HubPusher(
-        args.hub_model_id, args.hub_private, args.output_dir, tokenizer=None, pytorch_copy=True, card=None
+        args.hub_model_id,
+        args.hub_private,
+        args.output_dir,
+        tokenizer=None,
+        pytorch_copy=True,
+        card=None,
     )
 
 
 @pytest.mark.parametrize(
     ("hub_settings", "client_token", "repo_id", "expected"),
     [
-        ({"fail_with": 500}, TOKEN, "tester/mlm", "(HTTP 500 Internal Server Error: the fake Hub fails this request"),
+        (
+            {"fail_with": 500},
+            TOKEN,
+            "tester/mlm",
+            "(HTTP 500 Internal Server Error: the fake Hub fails this request",
+        ),
         ({}, TOKEN, "someone-else/mlm", "(HTTP 403 Forbidden: You don't have the rights"),
-        ({}, "hf_someOtherToken", "tester/mlm", "(HTTP 401 Unauthorized: Invalid username or password."),
+        (
+            {},
+            "hf_someOtherToken",
+            "tester/mlm",
+            "(HTTP 401 Unauthorized: Invalid username or password.",
+        ),
     ],
     ids=["hub-failing", "namespace-not-writable", "token-refused"],
 )
@@ -272,7 +381,9 @@ def test_a_hub_that_cannot_be_used_is_one_line_at_start(
             hub_pusher(hub_pusher_args(repo_id))
     message = str(failure.value)
     assert "\n" not in message and expected in message
-    assert message.startswith(f"could not create or find the Hub repository --hub_model_id {repo_id} ")
+    assert message.startswith(
+        f"could not create or find the Hub repository --hub_model_id {repo_id} "
+    )
     assert hub.requests[0] == "POST /api/repos/create" and hub.commits(repo_id) == []
 
 
@@ -280,7 +391,9 @@ def test_no_hub_token_is_one_line_before_any_request(connect, monkeypatch):
     with FakeHub(TOKEN) as hub:
         connect(hub)
         monkeypatch.delenv("HF_TOKEN")  # and conftest.py's HF_HOME holds no saved login
-        with pytest.raises(run_mlm.UsageError, match=r"needs a Hub token with write access: run `hf auth login`"):
+        with pytest.raises(
+            run_mlm.UsageError, match=r"needs a Hub token with write access: run `hf auth login`"
+        ):
             hub_pusher(hub_pusher_args("tester/mlm"))
     assert hub.requests == []
 
@@ -295,7 +408,9 @@ def test_run_mlm_stops_before_the_model_when_the_hub_fails(
         result = run_script("run_mlm.py", *argv)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     message = last_line(result.stderr)
-    assert message.startswith("run_mlm.py: error: could not create or find the Hub repository --hub_model_id ")
+    assert message.startswith(
+        "run_mlm.py: error: could not create or find the Hub repository --hub_model_id "
+    )
     assert "tester/mlm (HTTP 500 Internal Server Error" in message
     assert "Training" not in result.stdout  # stopped before the model was built
     assert not (output_dir / "checkpoints").exists()  # and before anything was written
@@ -304,11 +419,15 @@ def test_run_mlm_stops_before_the_model_when_the_hub_fails(
 
 @pytest.mark.parametrize("repo_id", ["tester/has space", "a/b/c", "tester/double--dash"])
 def test_a_malformed_hub_model_id_is_refused_before_any_work(repo_id):
-    with pytest.raises(run_mlm.UsageError, match=f"--hub_model_id {repo_id} is not a Hub repository id"):
+    with pytest.raises(
+        run_mlm.UsageError, match=f"--hub_model_id {repo_id} is not a Hub repository id"
+    ):
         run_mlm.check_args(hub_pusher_args(repo_id))
 
 
 def test_hub_private_without_a_repository_is_refused():
-    args = run_mlm.parse_args(["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o", "--hub_private"])
+    args = run_mlm.parse_args(
+        ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o", "--hub_private"]
+    )
     with pytest.raises(run_mlm.UsageError, match="--hub_private needs --hub_model_id"):
         run_mlm.check_args(args)

@@ -2,9 +2,9 @@ import math
 
 import numpy as np
 import pytest
+from conftest import MAX_LENGTH
 
 import run_mlm
-from conftest import MAX_LENGTH
 
 VOCAB = 1000
 SPECIAL_IDS = [0, 1, 2, 3, 4]  # [CLS] [SEP] <unk> <pad> [MASK], as train_unigram.py numbers them
@@ -67,8 +67,11 @@ def test_chosen_rate_and_80_10_10_split(batch, mlm_probability):
     assert masked.shape == labels.shape == batch.shape
     candidates = ~np.isin(batch, SPECIAL_IDS)
     chosen = labels != -100
-    # An exact count per sequence, as in the original BERT: round(p x the sequence's ordinary tokens).
-    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(mlm_probability * candidates.sum(axis=1)))
+    # An exact count per sequence, as in the original BERT: round(p x the sequence's ordinary
+    # tokens).
+    np.testing.assert_array_equal(
+        chosen.sum(axis=1), np.round(mlm_probability * candidates.sum(axis=1))
+    )
 
     replacements = VOCAB - len(SPECIAL_IDS)
     to_mask = chosen & (masked == MASK_ID)
@@ -147,7 +150,9 @@ def dataset_args(**overrides):
     flags = {"shuffle_buffer_size": 1, **overrides}
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
     for name, value in flags.items():
-        argv += [f"--{name}"] if value is True else [] if value is False else [f"--{name}", str(value)]
+        argv += (
+            [f"--{name}"] if value is True else [] if value is False else [f"--{name}", str(value)]
+        )
     return run_mlm.parse_args(argv)
 
 
@@ -159,7 +164,12 @@ def collect(dataset, batches=None):
     out = []
     for features, labels in dataset.take(batches) if batches else dataset:
         masked = features["input_ids"].numpy()
-        out.append((masked, dense_labels(masked.shape, features["masked_positions"].numpy(), labels.numpy())))
+        out.append(
+            (
+                masked,
+                dense_labels(masked.shape, features["masked_positions"].numpy(), labels.numpy()),
+            )
+        )
     return out
 
 
@@ -174,7 +184,9 @@ def validation(shards_dir, read_manifest, read_records):
 def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation, tokenizer):
     files, records = validation
     batch_size = 8
-    dataset = run_mlm.build_dataset(files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=False)
+    dataset = run_mlm.build_dataset(
+        files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=False
+    )
     features_spec, labels_spec = dataset.element_spec
     assert features_spec["input_ids"].shape.as_list() == [batch_size, MAX_LENGTH]
     predictions = run_mlm.max_predictions(MAX_LENGTH, 0.15)
@@ -201,15 +213,20 @@ def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation
 
 def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer):
     files, records = validation
-    assert len(files) == 1  # with one file and a buffer of 1 the order repeats, so only the masks can differ
+    # with one file and a buffer of 1 the order repeats, so only the masks can differ
+    assert len(files) == 1
     batch_size = 8
     steps_per_epoch = len(records) // batch_size
-    dataset = run_mlm.build_dataset(files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=True)
+    dataset = run_mlm.build_dataset(
+        files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=True
+    )
     batches = collect(dataset, 2 * steps_per_epoch)  # training data repeats forever
     assert len(batches) == 2 * steps_per_epoch
     first, second = batches[:steps_per_epoch], batches[steps_per_epoch:]
     for (masked, labels), (masked_again, labels_again) in zip(first, second):
-        np.testing.assert_array_equal(originals(masked, labels), originals(masked_again, labels_again))
+        np.testing.assert_array_equal(
+            originals(masked, labels), originals(masked_again, labels_again)
+        )
     first_labels = np.concatenate([labels for _, labels in first])
     second_labels = np.concatenate([labels for _, labels in second])
     assert ((first_labels != -100) != (second_labels != -100)).any()
@@ -227,6 +244,8 @@ def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, 
 
     first = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
     again = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
-    unshuffled = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=False))
+    unshuffled = restored(
+        run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=False)
+    )
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, unshuffled)

@@ -1,5 +1,6 @@
-"""Several hosts: each input pipeline reads shard files of its own, and two worker processes on loopback train in
-lockstep under MultiWorkerMirroredStrategy, seeing every training sequence once per epoch, the chief alone writing."""
+"""Several hosts: each input pipeline reads shard files of its own, and two worker processes on
+loopback train in lockstep under MultiWorkerMirroredStrategy, seeing every training sequence once
+per epoch, the chief alone writing."""
 
 import json
 import socket
@@ -8,18 +9,18 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import MAX_LENGTH, REPO, subprocess_env
 
 import run_mlm
-from conftest import MAX_LENGTH, REPO, subprocess_env
 from mlm_pipeline import contract, hosts
 
 PER_REPLICA = 7
 SHARD_SIZE = 161  # the session corpus's 322 train sequences make two equal shards: one per worker
 EPOCHS = 2
 
-# Runs run_mlm.main() as one worker of the cluster TF_CONFIG describes, then saves what the test compares: its
-# final weights, and the sequences its input pipeline yields in epoch 0, rebuilt from the very arguments
-# main() passed to build_dataset() (masked positions restored from their labels).
+# Runs run_mlm.main() as one worker of the cluster TF_CONFIG describes, then saves what the test
+# compares: its final weights, and the sequences its input pipeline yields in epoch 0, rebuilt from
+# the very arguments main() passed to build_dataset() (masked positions restored from their labels).
 WORKER = """
 import json, os, sys
 import numpy as np
@@ -63,9 +64,19 @@ def equal_shards(corpus, tokenizer_dir, tmp_path_factory):
 
     output_dir = tmp_path_factory.mktemp("equal_shards")
     argv = [
-        "--train_file", str(corpus["train"]), "--split", "train", "--tokenizer_name_or_path", str(tokenizer_dir),
-        "--max_length", str(MAX_LENGTH), "--shard_size", str(SHARD_SIZE), "--output_dir", str(output_dir),
-    ]  # fmt: skip
+        "--train_file",
+        str(corpus["train"]),
+        "--split",
+        "train",
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--max_length",
+        str(MAX_LENGTH),
+        "--shard_size",
+        str(SHARD_SIZE),
+        "--output_dir",
+        str(output_dir),
+    ]
     manifest = prepare.main(prepare.parse_args(argv))
     assert [shard["records"] for shard in manifest["shards"]] == [SHARD_SIZE, SHARD_SIZE]
     assert SHARD_SIZE % PER_REPLICA == 0
@@ -78,23 +89,50 @@ def cluster(equal_shards, shards_dir, tokenizer_dir, tiny_model, tmp_path_factor
     folder = tmp_path_factory.mktemp("cluster")
     addresses = [f"localhost:{port}" for port in free_ports(2)]
     argv = [
-        "--multi_worker", "--train_dataset", str(equal_shards), "--eval_dataset", str(equal_shards),
-        "--tokenizer", str(tokenizer_dir), "--output_dir", str(folder / "model"), "--seed", "0",
-        "--config_overrides", tiny_model, "--per_replica_batch_size", str(PER_REPLICA),
-        "--num_epochs", str(EPOCHS), "--save_steps", "10",
-    ]  # fmt: skip
+        "--multi_worker",
+        "--train_dataset",
+        str(equal_shards),
+        "--eval_dataset",
+        str(equal_shards),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--output_dir",
+        str(folder / "model"),
+        "--seed",
+        "0",
+        "--config_overrides",
+        tiny_model,
+        "--per_replica_batch_size",
+        str(PER_REPLICA),
+        "--num_epochs",
+        str(EPOCHS),
+        "--save_steps",
+        "10",
+    ]
     workers = []
     for index in range(2):
-        scratch = folder / f"tmp{index}"  # each worker's temporary files, to check what it leaves behind
+        # each worker's temporary files, to check what it leaves behind
+        scratch = folder / f"tmp{index}"
         scratch.mkdir()
         env = subprocess_env()
         env.update(
-            PYTHONPATH=str(REPO), TMPDIR=str(scratch), WORKER_ARGV=json.dumps(argv),
+            PYTHONPATH=str(REPO),
+            TMPDIR=str(scratch),
+            WORKER_ARGV=json.dumps(argv),
             WORKER_RESULT=str(folder / f"worker{index}.npz"),
-            TF_CONFIG=json.dumps({"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}),
-        )  # fmt: skip
+            TF_CONFIG=json.dumps(
+                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+            ),
+        )
         log = open(folder / f"worker{index}.log", "w")
-        workers.append((subprocess.Popen([sys.executable, "-c", WORKER], cwd=folder, env=env, stdout=log, stderr=log), log))
+        workers.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER], cwd=folder, env=env, stdout=log, stderr=log
+                ),
+                log,
+            )
+        )
     for process, log in workers:
         process.wait(timeout=600)
         log.close()
@@ -116,7 +154,9 @@ def test_the_workers_train_in_lockstep(cluster):
     assert f"Worker done after {steps} steps" in cluster["logs"][1]
 
 
-def test_together_the_workers_see_every_sequence_once_per_epoch(cluster, equal_shards, read_manifest, read_records):
+def test_together_the_workers_see_every_sequence_once_per_epoch(
+    cluster, equal_shards, read_manifest, read_records
+):
     files = [equal_shards / shard["file"] for shard in read_manifest(equal_shards)["shards"]]
     every_sequence = sorted(map(tuple, read_records(files)))
     first, second = (result["sequences"] for result in cluster["results"])
@@ -129,12 +169,20 @@ def test_together_the_workers_see_every_sequence_once_per_epoch(cluster, equal_s
 def test_the_chief_alone_writes(cluster):
     folder = cluster["folder"]
     model = folder / "model"
-    for name in ("config.json", "tf_model.h5", "tokenizer.json", contract.TRAINING_LOG_NAME, contract.CURVES_NAME):
+    for name in (
+        "config.json",
+        "tf_model.h5",
+        "tokenizer.json",
+        contract.TRAINING_LOG_NAME,
+        contract.CURVES_NAME,
+    ):
         assert (model / name).is_file(), name
     checkpoints = sorted(path.name for path in (model / contract.CHECKPOINT_DIR).iterdir())
     assert "checkpoint" in checkpoints and any(name.startswith("ckpt-") for name in checkpoints)
-    assert len(list((model / contract.TENSORBOARD_DIR).iterdir())) == 1  # one event file: the chief's
-    # The other worker saved its checkpoints into a scratch folder of its own and removed it at the end.
+    # one event file: the chief's
+    assert len(list((model / contract.TENSORBOARD_DIR).iterdir())) == 1
+    # The other worker saved its checkpoints into a scratch folder of its own and removed it at the
+    # end.
     assert list((folder / "tmp1").iterdir()) == []
     rows = (model / contract.TRAINING_LOG_NAME).read_text().strip().splitlines()
     assert len(rows) == 1 + EPOCHS  # a header and one row per epoch, written once
@@ -147,7 +195,10 @@ def test_more_hosts_than_shard_files_is_refused():
 
 
 def test_an_epoch_lasts_as_long_as_the_smallest_pipeline():
-    manifest = {"files": ["a", "b", "c", "d", "e"], "shards": [{"records": count} for count in (100, 100, 100, 100, 30)]}
+    manifest = {
+        "files": ["a", "b", "c", "d", "e"],
+        "shards": [{"records": count} for count in (100, 100, 100, 100, 30)],
+    }
     files, steps = hosts.split_between_pipelines(manifest, "--train_dataset", 2, 8)
     assert files == [["a", "c", "e"], ["b", "d"]]
     assert steps == 200 // 8
@@ -157,14 +208,22 @@ def test_an_epoch_lasts_as_long_as_the_smallest_pipeline():
     ("tf_config", "needle"),
     [(None, "--multi_worker needs TF_CONFIG"), ('{"cluster": {}}', "does not say which task")],
 )
-def test_multi_worker_needs_a_usable_tf_config(tf_config, needle, run_script, shards_dir, tokenizer_dir, monkeypatch, tmp_path):
+def test_multi_worker_needs_a_usable_tf_config(
+    tf_config, needle, run_script, shards_dir, tokenizer_dir, monkeypatch, tmp_path
+):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     if tf_config is not None:
         monkeypatch.setenv("TF_CONFIG", tf_config)
     result = run_script(
-        "run_mlm.py", "--multi_worker", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir,
-        "--output_dir", tmp_path / "model",
-    )  # fmt: skip
+        "run_mlm.py",
+        "--multi_worker",
+        "--train_dataset",
+        shards_dir / "train",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        tmp_path / "model",
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("run_mlm.py: error: ") and needle in result.stderr

@@ -1,13 +1,14 @@
-"""prepare_tfrecord_shards.py killed (SIGKILL) at any moment, then run again with the same command, leaves exactly
-the files an uninterrupted run writes.
+"""prepare_tfrecord_shards.py killed (SIGKILL) at any moment, then run again with the same command,
+leaves exactly the files an uninterrupted run writes.
 
-The kills come from inside the real script: a small launcher wraps TensorFlow's file writes, renames and
-removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit exactly, every
-time, which polling the folder from outside cannot promise when a shard takes a millisecond to write. One test
-also kills from outside, as a user would, when the first shard appears.
+The kills come from inside the real script: a small launcher wraps TensorFlow's file writes, renames
+and removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit
+exactly, every time, which polling the folder from outside cannot promise when a shard takes a
+millisecond to write. One test also kills from outside, as a user would, when the first shard
+appears.
 
-The reruns call main() in this process with the same arguments: the code a rerun runs, without paying for
-another TensorFlow start-up.
+The reruns call main() in this process with the same arguments: the code a rerun runs, without
+paying for another TensorFlow start-up.
 """
 
 import os
@@ -18,9 +19,17 @@ import sys
 import time
 
 import pytest
+from conftest import (
+    MAX_LENGTH,
+    REPO,
+    assert_same_files,
+    files_in,
+    make_corpus_lines,
+    subprocess_env,
+    write_lines,
+)
 
 import prepare_tfrecord_shards as prepare
-from conftest import MAX_LENGTH, REPO, assert_same_files, files_in, make_corpus_lines, subprocess_env, write_lines
 
 SHARD_SIZE = 50  # the fixture corpus gives 7 shards of this size or less
 SHARD_NAME = re.compile(r"^train-\d{5}-\d{5}-\d+\.tfrecord$")
@@ -79,12 +88,17 @@ runpy.run_path(script, run_name="__main__")
 
 def prepare_argv(train_file, tokenizer_dir, output_dir, shard_size=SHARD_SIZE):
     return [
-        "--train_file", train_file,
-        "--tokenizer_name_or_path", tokenizer_dir,
-        "--max_length", MAX_LENGTH,
-        "--shard_size", shard_size,
-        "--output_dir", output_dir,
-    ]  # fmt: skip
+        "--train_file",
+        train_file,
+        "--tokenizer_name_or_path",
+        tokenizer_dir,
+        "--max_length",
+        MAX_LENGTH,
+        "--shard_size",
+        shard_size,
+        "--output_dir",
+        output_dir,
+    ]
 
 
 def run_in_process(argv):
@@ -93,21 +107,34 @@ def run_in_process(argv):
 
 def run_killed(event, count, argv):
     """Run the script with `argv` in a subprocess that SIGKILLs itself at the `count`-th `event`."""
-    command = [sys.executable, "-c", KILLING_LAUNCHER, event, str(count), "prepare_tfrecord_shards.py"]
+    command = [
+        sys.executable,
+        "-c",
+        KILLING_LAUNCHER,
+        event,
+        str(count),
+        "prepare_tfrecord_shards.py",
+    ]
     return subprocess.run(
-        command + [str(arg) for arg in argv], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+        command + [str(arg) for arg in argv],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
         timeout=300,
     )
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(corpus, tokenizer_dir, tmp_path_factory):
-    """The files of an uninterrupted run of the command the tests kill (the output folder is not recorded in
-    them, so any folder will do)."""
+    """The files of an uninterrupted run of the command the tests kill (the output folder is not
+    recorded in them, so any folder will do)."""
     output_dir = tmp_path_factory.mktemp("uninterrupted")
     run_in_process(prepare_argv(corpus["train"], tokenizer_dir, output_dir))
     files = files_in(output_dir)
-    assert sum(1 for name in files if name.endswith(".tfrecord")) > 3, "the corpus should fill several shards"
+    assert sum(1 for name in files if name.endswith(".tfrecord")) > 3, (
+        "the corpus should fill several shards"
+    )
     return files
 
 
@@ -116,14 +143,23 @@ def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterru
     assert_same_files(files_in(tmp_path), uninterrupted)
 
 
-# (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted run's names)
+# (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted
+# run's names)
 KILL_POINTS = [
-    ("in the first shard", "half a file written", 1, lambda done: {".train-00000-00000.tfrecord.tmp"}),
+    (
+        "in the first shard",
+        "half a file written",
+        1,
+        lambda done: {".train-00000-00000.tfrecord.tmp"},
+    ),
     (
         "second shard written, not yet renamed",
         "before shard rename",
         2,
-        lambda done: {f"train-00000-00000-{SHARD_SIZE}.tfrecord", ".train-00000-00001.tfrecord.tmp"},
+        lambda done: {
+            f"train-00000-00000-{SHARD_SIZE}.tfrecord",
+            ".train-00000-00001.tfrecord.tmp",
+        },
     ),
     (
         "manifest written, not yet renamed",
@@ -135,7 +171,9 @@ KILL_POINTS = [
 ]
 
 
-@pytest.mark.parametrize("moment, event, count, leftovers", KILL_POINTS, ids=[point[0] for point in KILL_POINTS])
+@pytest.mark.parametrize(
+    "moment, event, count, leftovers", KILL_POINTS, ids=[point[0] for point in KILL_POINTS]
+)
 def test_killed_then_rerun_writes_what_an_uninterrupted_run_writes(
     corpus, tokenizer_dir, uninterrupted, tmp_path, moment, event, count, leftovers
 ):
@@ -150,14 +188,18 @@ def test_killed_then_rerun_writes_what_an_uninterrupted_run_writes(
     if finished:  # the run had completed: a finished split is replaced only on request
         with pytest.raises(prepare.UsageError, match="--overwrite_output_dir"):
             run_in_process(argv)
-    else:  # an unfinished split is no finished one: the same command, without --overwrite_output_dir, completes it
+    # an unfinished split is no finished one: the same command, without --overwrite_output_dir,
+    # completes it
+    else:
         run_in_process(argv)
     assert_same_files(files_in(output_dir), uninterrupted)
 
 
-def test_killed_while_clearing_an_older_split_leaves_no_manifest(corpus, tokenizer_dir, uninterrupted, tmp_path):
-    """--overwrite_output_dir removes the older split's files one by one; killed halfway, the folder must not
-    still look finished, with a manifest that lists shards no longer there."""
+def test_killed_while_clearing_an_older_split_leaves_no_manifest(
+    corpus, tokenizer_dir, uninterrupted, tmp_path
+):
+    """--overwrite_output_dir removes the older split's files one by one; killed halfway, the folder
+    must not still look finished, with a manifest that lists shards no longer there."""
     output_dir = tmp_path / "shards"
     run_in_process(prepare_argv(corpus["train"], tokenizer_dir, output_dir, shard_size=40))
     older = set(os.listdir(output_dir / "train"))
@@ -175,12 +217,21 @@ def test_killed_while_clearing_an_older_split_leaves_no_manifest(corpus, tokeniz
 @pytest.fixture(scope="module")
 def long_corpus(tmp_path_factory):
     """Enough text for hundreds of tiny shards: writing them takes long enough to kill the script midway."""
-    return write_lines(tmp_path_factory.mktemp("long_corpus") / "train.txt", make_corpus_lines(6000, seed=3))
+    return write_lines(
+        tmp_path_factory.mktemp("long_corpus") / "train.txt", make_corpus_lines(6000, seed=3)
+    )
 
 
-def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(long_corpus, tokenizer_dir, tmp_path):
-    argv = [str(arg) for arg in prepare_argv(long_corpus, tokenizer_dir, tmp_path / "shards", shard_size=10)]
-    run_in_process(prepare_argv(long_corpus, tokenizer_dir, tmp_path / "uninterrupted", shard_size=10))
+def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(
+    long_corpus, tokenizer_dir, tmp_path
+):
+    argv = [
+        str(arg)
+        for arg in prepare_argv(long_corpus, tokenizer_dir, tmp_path / "shards", shard_size=10)
+    ]
+    run_in_process(
+        prepare_argv(long_corpus, tokenizer_dir, tmp_path / "uninterrupted", shard_size=10)
+    )
     uninterrupted = files_in(tmp_path / "uninterrupted")
     shards = sum(1 for name in uninterrupted if name.endswith(".tfrecord"))
     assert shards > 300, "writing should take long enough to kill the script midway"
@@ -190,12 +241,19 @@ def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(long_corpus, tok
     with stderr.open("w") as stderr_file:
         script = subprocess.Popen(
             [sys.executable, "prepare_tfrecord_shards.py", *argv],
-            cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr_file,
-        )  # fmt: skip
+            cwd=REPO,
+            env=subprocess_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+        )
     try:
         deadline = time.monotonic() + 300
-        while not (split_dir.exists() and any(SHARD_NAME.match(name) for name in os.listdir(split_dir))):
-            assert script.poll() is None, f"the script ended before writing a shard: {stderr.read_text()[-3000:]}"
+        while not (
+            split_dir.exists() and any(SHARD_NAME.match(name) for name in os.listdir(split_dir))
+        ):
+            assert script.poll() is None, (
+                f"the script ended before writing a shard: {stderr.read_text()[-3000:]}"
+            )
             assert time.monotonic() < deadline, "no shard appeared"
             time.sleep(0.001)
         script.send_signal(signal.SIGKILL)

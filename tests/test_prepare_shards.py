@@ -7,9 +7,17 @@ import shutil
 import time
 
 import pytest
+from conftest import (
+    MAX_LENGTH,
+    SHARD_SIZE,
+    dataset_files,
+    make_corpus_lines,
+    read_lines,
+    write_hub_layout,
+    write_lines,
+)
 
 import prepare_tfrecord_shards as prepare
-from conftest import MAX_LENGTH, SHARD_SIZE, dataset_files, make_corpus_lines, read_lines, write_hub_layout, write_lines
 from mlm_pipeline import corpus, packing
 
 SHARD_NAME = re.compile(
@@ -17,26 +25,35 @@ SHARD_NAME = re.compile(
 )
 
 
-def run_prepare(train_file, tokenizer_dir, output_dir, *extra, split="train", max_length=MAX_LENGTH):
+def run_prepare(
+    train_file, tokenizer_dir, output_dir, *extra, split="train", max_length=MAX_LENGTH
+):
     argv = [
-        f"--{split}_file", str(train_file),
-        "--split", split,
-        "--tokenizer_name_or_path", str(tokenizer_dir),
-        "--max_length", str(max_length),
-        "--output_dir", str(output_dir),
-    ]  # fmt: skip
+        f"--{split}_file",
+        str(train_file),
+        "--split",
+        split,
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--max_length",
+        str(max_length),
+        "--output_dir",
+        str(output_dir),
+    ]
     return prepare.main(prepare.parse_args(argv + [str(arg) for arg in extra]))
 
 
 def expected_sequences(tokenizer, path, max_length):
-    """The packing, computed independently: `[CLS] line [SEP]` for each non-blank line, all concatenated,
-    cut into max_length pieces, only the final remainder dropped."""
+    """The packing, computed independently: `[CLS] line [SEP]` for each non-blank line, all
+    concatenated, cut into max_length pieces, only the final remainder dropped."""
     stream = []
     for line in read_lines(path):
         if line.strip():
             stream.extend(tokenizer(line)["input_ids"])
     full = len(stream) // max_length * max_length
-    return [stream[start : start + max_length] for start in range(0, full, max_length)], len(stream) - full
+    return [stream[start : start + max_length] for start in range(0, full, max_length)], len(
+        stream
+    ) - full
 
 
 def shard_files(split_dir):
@@ -57,22 +74,30 @@ def test_shard_names_and_counts(shards_dir, read_manifest, read_records, split):
     for index, path in enumerate(files):
         match = SHARD_NAME.match(path.name)
         assert match, path.name
-        # The fixture splits are smaller than one block of --rows_per_block rows: all their shards are block 0's.
+        # The fixture splits are smaller than one block of --rows_per_block rows: all their shards
+        # are block 0's.
         assert match["split"] == split and int(match["block"]) == 0 and int(match["index"]) == index
         records = read_records([path])
         assert int(match["count"]) == len(records) == manifest["shards"][index]["records"]
-        assert manifest["shards"][index]["bytes"] == path.stat().st_size  # what training checks for truncation
+        # what training checks for truncation
+        assert manifest["shards"][index]["bytes"] == path.stat().st_size
         assert all(len(record) == MAX_LENGTH for record in records)
 
 
-def test_manifest_agrees_with_the_shards(shards_dir, tokenizer_dir, tokenizer, corpus, read_manifest, read_records):
+def test_manifest_agrees_with_the_shards(
+    shards_dir, tokenizer_dir, tokenizer, corpus, read_manifest, read_records
+):
     split_dir = shards_dir / "train"
     manifest = read_manifest(split_dir)
     records = all_records(split_dir, manifest, read_records)
     assert manifest["split"] == "train"
     assert manifest["max_length"] == MAX_LENGTH
-    assert manifest["records"] == len(records) == sum(shard["records"] for shard in manifest["shards"])
-    assert manifest["tokens"] == manifest["records"] * manifest["max_length"] == sum(map(len, records))
+    assert (
+        manifest["records"] == len(records) == sum(shard["records"] for shard in manifest["shards"])
+    )
+    assert (
+        manifest["tokens"] == manifest["records"] * manifest["max_length"] == sum(map(len, records))
+    )
     assert manifest["vocab_size"] == len(tokenizer)
     assert manifest["tokenizer"] == str(tokenizer_dir)
     assert manifest["features"] == {"input_ids": {"dtype": "int64", "shape": [MAX_LENGTH]}}
@@ -80,14 +105,17 @@ def test_manifest_agrees_with_the_shards(shards_dir, tokenizer_dir, tokenizer, c
     for name in ("cls", "sep", "pad", "unk", "mask"):
         assert ids[name] == getattr(tokenizer, f"{name}_token_id")
     assert manifest["documents"] == sum(1 for line in read_lines(corpus["train"]) if line.strip())
-    # Smaller than one block of the default --rows_per_block: packed as one stream, as before blocks existed.
+    # Smaller than one block of the default --rows_per_block: packed as one stream, as before blocks
+    # existed.
     assert manifest["rows"] == len(read_lines(corpus["train"])) < manifest["rows_per_block"]
     assert manifest["blocks"] == 1
     assert max(max(record) for record in records) < manifest["vocab_size"]
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])
-def test_records_are_the_packed_token_stream(shards_dir, tokenizer, corpus, read_manifest, read_records, split):
+def test_records_are_the_packed_token_stream(
+    shards_dir, tokenizer, corpus, read_manifest, read_records, split
+):
     split_dir = shards_dir / split
     manifest = read_manifest(split_dir)
     expected, dropped = expected_sequences(tokenizer, corpus[split], MAX_LENGTH)
@@ -114,15 +142,25 @@ def test_shard_size_dividing_the_records_exactly_leaves_no_empty_shard(
     manifest = run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--shard_size", records)
     only = shard_files(tmp_path / "train")[0]
     assert manifest["shards"] == [
-        {"file": f"train-00000-00000-{records}.tfrecord", "records": records, "bytes": only.stat().st_size}
+        {
+            "file": f"train-00000-00000-{records}.tfrecord",
+            "records": records,
+            "bytes": only.stat().st_size,
+        }
     ]
-    assert [path.name for path in shard_files(tmp_path / "train")] == [f"train-00000-00000-{records}.tfrecord"]
+    assert [path.name for path in shard_files(tmp_path / "train")] == [
+        f"train-00000-00000-{records}.tfrecord"
+    ]
     expected = all_records(shards_dir / "train", read_manifest(shards_dir / "train"), read_records)
     assert read_records(shard_files(tmp_path / "train")) == expected
 
 
 def test_no_temporary_files_remain(shards_dir):
-    leftovers = [path for path in shards_dir.rglob("*") if path.name.endswith(".tmp") or path.name.startswith(".")]
+    leftovers = [
+        path
+        for path in shards_dir.rglob("*")
+        if path.name.endswith(".tmp") or path.name.startswith(".")
+    ]
     assert leftovers == []
     assert sorted(path.name for path in shards_dir.iterdir()) == ["train", "validation"]
 
@@ -133,16 +171,28 @@ def test_num_proc_gives_identical_shards(shards_dir, tokenizer_dir, corpus, tmp_
         corpus["train"], tokenizer_dir, tmp_path, "--num_proc", num_proc, "--shard_size", SHARD_SIZE
     )
     reference = shards_dir / "train"
-    assert [path.name for path in shard_files(tmp_path / "train")] == [path.name for path in shard_files(reference)]
+    assert [path.name for path in shard_files(tmp_path / "train")] == [
+        path.name for path in shard_files(reference)
+    ]
     for path in shard_files(reference):
         assert (tmp_path / "train" / path.name).read_bytes() == path.read_bytes(), path.name
     assert manifest["records"] == sum(shard["records"] for shard in manifest["shards"])
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 100000])
-def test_batch_size_does_not_change_the_records(shards_dir, tokenizer_dir, corpus, tmp_path, batch_size):
+def test_batch_size_does_not_change_the_records(
+    shards_dir, tokenizer_dir, corpus, tmp_path, batch_size
+):
     # 1: one line per call; 100000: the whole split in one call.
-    run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--batch_size", batch_size, "--shard_size", SHARD_SIZE)
+    run_prepare(
+        corpus["train"],
+        tokenizer_dir,
+        tmp_path,
+        "--batch_size",
+        batch_size,
+        "--shard_size",
+        SHARD_SIZE,
+    )
     reference = shards_dir / "train"
     assert [path.read_bytes() for path in shard_files(tmp_path / "train")] == [
         path.read_bytes() for path in shard_files(reference)
@@ -158,12 +208,17 @@ def test_limit_uses_only_the_first_rows(tokenizer_dir, tokenizer, corpus, tmp_pa
 
 
 @pytest.mark.parametrize("name", ["wiki.train.raw", "wiki.train.tokens", "train"])
-def test_plain_text_under_any_extension_is_read_as_text(shards_dir, tokenizer_dir, corpus, tmp_path, read_records, name):
+def test_plain_text_under_any_extension_is_read_as_text(
+    shards_dir, tokenizer_dir, corpus, tmp_path, read_records, name
+):
     """WikiText's own files (and a file with no extension) need no renaming to .txt: the same shards."""
     path = tmp_path / name
     path.write_bytes(corpus["train"].read_bytes())
     run_prepare(path, tokenizer_dir, tmp_path / "out", "--shard_size", SHARD_SIZE)
-    written = [(tmp_path / "out" / "train" / item.name).read_bytes() for item in shard_files(shards_dir / "train")]
+    written = [
+        (tmp_path / "out" / "train" / item.name).read_bytes()
+        for item in shard_files(shards_dir / "train")
+    ]
     assert written == [item.read_bytes() for item in shard_files(shards_dir / "train")]
 
 
@@ -172,8 +227,12 @@ def test_jsonl_input_with_text_column(tokenizer_dir, tokenizer, tmp_path, read_r
     path = tmp_path / "validation.jsonl"
     rows = [{"body": line if line else None, "n": index} for index, line in enumerate(lines)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    manifest = run_prepare(path, tokenizer_dir, tmp_path / "out", "--text_column", "body", split="validation")
-    expected, _ = expected_sequences(tokenizer, write_lines(tmp_path / "same.txt", lines), MAX_LENGTH)
+    manifest = run_prepare(
+        path, tokenizer_dir, tmp_path / "out", "--text_column", "body", split="validation"
+    )
+    expected, _ = expected_sequences(
+        tokenizer, write_lines(tmp_path / "same.txt", lines), MAX_LENGTH
+    )
     assert read_records(shard_files(tmp_path / "out" / "validation")) == expected
     assert manifest["split"] == "validation" and manifest["source"] == str(path)
     assert manifest["documents"] == sum(1 for line in lines if line.strip())
@@ -193,7 +252,9 @@ def test_finished_split_is_refused_without_overwrite(
 
     second = run_prepare(corpus["train"], tokenizer_dir, tmp_path, "--overwrite_output_dir")
     # The old shards are gone, not mixed with the new ones.
-    assert [path.name for path in shard_files(split_dir)] == [shard["file"] for shard in second["shards"]]
+    assert [path.name for path in shard_files(split_dir)] == [
+        shard["file"] for shard in second["shards"]
+    ]
     assert len(second["shards"]) == 1
     assert read_manifest(split_dir) == second
     assert second["records"] == first["records"]
@@ -202,9 +263,15 @@ def test_finished_split_is_refused_without_overwrite(
 
 
 def test_splits_share_an_output_dir(shards_dir, read_manifest):
-    train, validation = read_manifest(shards_dir / "train"), read_manifest(shards_dir / "validation")
+    train, validation = (
+        read_manifest(shards_dir / "train"),
+        read_manifest(shards_dir / "validation"),
+    )
     assert train["split"] == "train" and validation["split"] == "validation"
-    assert train["vocab_size"] == validation["vocab_size"] and train["max_length"] == validation["max_length"]
+    assert (
+        train["vocab_size"] == validation["vocab_size"]
+        and train["max_length"] == validation["max_length"]
+    )
     assert all(name.startswith("validation-") for name in (s["file"] for s in validation["shards"]))
 
 
@@ -217,21 +284,29 @@ def test_too_little_text_for_one_sequence_leaves_nothing(tokenizer_dir, tmp_path
     assert not [path for path in (tmp_path / "out").rglob("*") if path.name.endswith(".tmp")]
 
 
-def test_dataset_name_path_selects_the_split(corpus, tokenizer_dir, tokenizer, read_manifest, read_records, tmp_path):
-    """--dataset_name goes through load_dataset(name, config, split): the route a Hub id takes. A local
-    folder with train.txt and validation.txt is a dataset that route can load offline."""
+def test_dataset_name_path_selects_the_split(
+    corpus, tokenizer_dir, tokenizer, read_manifest, read_records, tmp_path
+):
+    """--dataset_name goes through load_dataset(name, config, split): the route a Hub id takes. A
+    local folder with train.txt and validation.txt is a dataset that route can load offline."""
     dataset_dir = tmp_path / "dataset"
     dataset_dir.mkdir()
     for split in ("train", "validation"):
         (dataset_dir / f"{split}.txt").write_bytes(corpus[split].read_bytes())
     argv = [
-        "--dataset_name", str(dataset_dir),
-        "--dataset_config", "default",
-        "--split", "validation",
-        "--tokenizer_name_or_path", str(tokenizer_dir),
-        "--max_length", str(MAX_LENGTH),
-        "--output_dir", str(tmp_path / "shards"),
-    ]  # fmt: skip
+        "--dataset_name",
+        str(dataset_dir),
+        "--dataset_config",
+        "default",
+        "--split",
+        "validation",
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--max_length",
+        str(MAX_LENGTH),
+        "--output_dir",
+        str(tmp_path / "shards"),
+    ]
     prepare.main(prepare.parse_args(argv))
     split_dir = tmp_path / "shards" / "validation"
     manifest = read_manifest(split_dir)
@@ -245,29 +320,49 @@ def test_dataset_name_path_selects_the_split(corpus, tokenizer_dir, tokenizer, r
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The fast paths give exactly what the straightforward code gives; bad input midway leaves nothing behind
+# The fast paths give exactly what the straightforward code gives; bad input midway leaves nothing
+# behind
 
 
 def example_bytes_from_tensorflow(row):
     import tensorflow as tf
 
     feature = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
-    return tf.train.Example(features=tf.train.Features(feature={"input_ids": feature})).SerializeToString()
+    return tf.train.Example(
+        features=tf.train.Features(feature={"input_ids": feature})
+    ).SerializeToString()
 
 
-EDGE_IDS = [0, 1, 127, 128, 255, 16383, 16384, 2**21 - 1, 2**21, 2**31 - 1, 2**32, 2**56 - 1, 2**56, 2**63 - 1]
+EDGE_IDS = [
+    0,
+    1,
+    127,
+    128,
+    255,
+    16383,
+    16384,
+    2**21 - 1,
+    2**21,
+    2**31 - 1,
+    2**32,
+    2**56 - 1,
+    2**56,
+    2**63 - 1,
+]
 EDGE_IDS += [-1, -2, -128, -(2**31), -(2**63)]
 
 
 def rows_of_every_kind(max_length, seed):
-    """Rows of small ids, of vocabulary-sized ids, of random ids of every varint size (1 to 10 bytes, negative
-    ones included), of edge values, and of the largest and the negative ids, whose long rows need multi-byte
-    lengths at every level of the Example."""
+    """Rows of small ids, of vocabulary-sized ids, of random ids of every varint size (1 to 10
+    bytes, negative ones included), of edge values, and of the largest and the negative ids, whose
+    long rows need multi-byte lengths at every level of the Example."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     shifts = rng.integers(0, 64, size=max_length)
-    any_size = rng.integers(-(2**63), 2**63 - 1, size=max_length, dtype=np.int64, endpoint=True) >> shifts
+    any_size = (
+        rng.integers(-(2**63), 2**63 - 1, size=max_length, dtype=np.int64, endpoint=True) >> shifts
+    )
     rows = [
         rng.integers(0, 128, size=max_length),
         rng.integers(0, 50000, size=max_length),
@@ -306,11 +401,14 @@ def test_tfrecord_bytes_are_what_tensorflows_writer_writes(tmp_path):
 def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
     import datasets
 
-    # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85, \u2028 and friends are not.
+    # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85, \u2028 and friends are
+    # not.
     text = "\ufeffbom\r\nwindows\rold mac\n\nform\x0bfeed\x0c\x1c\x1d\x1e\x85\u2028\u2029 end\n \t \nno newline"
     path = tmp_path / "tricky.txt"
     path.write_bytes(text.encode("utf-8"))
-    builder = datasets.load_dataset("text", data_files={"train": str(path)}, split="train", streaming=True)
+    builder = datasets.load_dataset(
+        "text", data_files={"train": str(path)}, split="train", streaming=True
+    )
     assert list(corpus.text_file_lines(str(path))) == [row["text"] for row in builder]
 
 
@@ -320,7 +418,12 @@ def flat(lists):
 
 def test_batch_encoder_gives_the_tokenizers_ids(tokenizer):
     texts = [line for line in make_corpus_lines(60, seed=5) if line.strip()]
-    texts += ["[MASK] and [CLS] inside the text [SEP]", "  leading spaces", "ｆｕｌｌ width", "long " * 700]
+    texts += [
+        "[MASK] and [CLS] inside the text [SEP]",
+        "  leading spaces",
+        "ｆｕｌｌ width",
+        "long " * 700,
+    ]
     texts += ["<unk> <pad>", "trailing spaces  "]
     encode = prepare.BatchEncoder(tokenizer)
     assert encode.direct
@@ -356,7 +459,11 @@ def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(tokenize
     texts = ["the river crossed the old city", "a small house"]
     encode = prepare.BatchEncoder(shouting)
     assert not encode.direct
-    assert encode(texts).tolist() == flat(shouting(texts)["input_ids"]) != flat(tokenizer(texts)["input_ids"])
+    assert (
+        encode(texts).tolist()
+        == flat(shouting(texts)["input_ids"])
+        != flat(tokenizer(texts)["input_ids"])
+    )
 
 
 def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead():
@@ -378,7 +485,9 @@ def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead():
 
 
 @pytest.mark.parametrize("previous", [None, "true"])
-def test_the_tokenizer_parallelism_setting_is_restored(corpus, tokenizer_dir, tmp_path, monkeypatch, previous):
+def test_the_tokenizer_parallelism_setting_is_restored(
+    corpus, tokenizer_dir, tmp_path, monkeypatch, previous
+):
     if previous is None:
         monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
     else:
@@ -391,20 +500,27 @@ def output_files(folder):
     return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
 
 
-def test_undecodable_line_midway_is_a_usage_error_and_leaves_nothing(corpus, tokenizer_dir, tmp_path):
+def test_undecodable_line_midway_is_a_usage_error_and_leaves_nothing(
+    corpus, tokenizer_dir, tmp_path
+):
     path = tmp_path / "train.txt"
     good = corpus["train"].read_bytes()
     path.write_bytes(good + b"caf\xe9 in Latin-1\n" + good)  # far past the first shards
     output_dir = tmp_path / "out" / "new"
     bad_line = len(read_lines(corpus["train"])) + 1
-    with pytest.raises(prepare.UsageError, match=rf"could not read .*: it is not UTF-8 text \(line {bad_line} holds the byte 0xe9\)"):
+    with pytest.raises(
+        prepare.UsageError,
+        match=rf"could not read .*: it is not UTF-8 text \(line {bad_line} holds the byte 0xe9\)",
+    ):
         run_prepare(path, tokenizer_dir, output_dir, "--batch_size", 5, "--shard_size", 5)
     # Not even the folders it created for the shards remain.
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("problem", ["wrong text column", "blank lines", "too little text"])
-def test_bad_input_leaves_the_split_it_would_overwrite(shards_dir, tokenizer_dir, corpus, tmp_path, problem):
+def test_bad_input_leaves_the_split_it_would_overwrite(
+    shards_dir, tokenizer_dir, corpus, tmp_path, problem
+):
     """The old split is removed only when the first new record is ready to take its place."""
     shutil.copytree(shards_dir / "validation", tmp_path / "validation")
     before = {name: (tmp_path / name).read_bytes() for name in output_files(tmp_path)}
@@ -416,19 +532,26 @@ def test_bad_input_leaves_the_split_it_would_overwrite(shards_dir, tokenizer_dir
     else:
         source = write_lines(tmp_path.parent / f"{tmp_path.name}-short.txt", ["the river"])
     with pytest.raises(prepare.UsageError):
-        run_prepare(source, tokenizer_dir, tmp_path, "--overwrite_output_dir", *extra, split="validation")
+        run_prepare(
+            source, tokenizer_dir, tmp_path, "--overwrite_output_dir", *extra, split="validation"
+        )
     assert {name: (tmp_path / name).read_bytes() for name in output_files(tmp_path)} == before
 
 
 def test_streaming_a_hub_dataset_writes_nothing_to_the_cache(
     corpus, tokenizer_dir, datasets_cache, read_manifest, tmp_path
 ):
-    """--streaming reads the Hub dataset as it packs it (a local folder laid out as a Hub repository stands in
-    for the Hub, through the same datasets code): the shards are those of the same rows as a text file, and
-    nothing lands in the datasets cache, where the same run without --streaming converts the whole split."""
+    """--streaming reads the Hub dataset as it packs it (a local folder laid out as a Hub repository
+    stands in for the Hub, through the same datasets code): the shards are those of the same rows as
+    a text file, and nothing lands in the datasets cache, where the same run without --streaming
+    converts the whole split."""
     lines = read_lines(corpus["validation"])
     hub = write_hub_layout(tmp_path / "dataset", [lines[:50], lines[50:]])
-    streamed, downloaded, from_text = tmp_path / "streamed", tmp_path / "downloaded", tmp_path / "text"
+    streamed, downloaded, from_text = (
+        tmp_path / "streamed",
+        tmp_path / "downloaded",
+        tmp_path / "text",
+    )
     for output_dir, extra in ((streamed, ["--streaming"]), (downloaded, [])):
         argv = [*hub, "--tokenizer_name_or_path", tokenizer_dir, "--max_length", MAX_LENGTH, *extra]
         prepare.main(prepare.parse_args([str(arg) for arg in [*argv, "--output_dir", output_dir]]))
@@ -437,6 +560,9 @@ def test_streaming_a_hub_dataset_writes_nothing_to_the_cache(
     assert any(path.suffix == ".arrow" for path in dataset_files(datasets_cache))
     run_prepare(corpus["validation"], tokenizer_dir, from_text)
     for output_dir in (streamed, downloaded):
-        assert read_manifest(output_dir / "train")["shards"] == read_manifest(from_text / "train")["shards"]
+        assert (
+            read_manifest(output_dir / "train")["shards"]
+            == read_manifest(from_text / "train")["shards"]
+        )
         for shard in shard_files(from_text / "train"):
             assert (output_dir / "train" / shard.name).read_bytes() == shard.read_bytes()

@@ -1,4 +1,5 @@
-"""run_mlm.py's PyTorch copy (model.safetensors), loaded the way a user of transformers 5 would load it.
+"""run_mlm.py's PyTorch copy (model.safetensors), loaded the way a user of transformers 5 would load
+it.
 
 Each exported model type is trained for a few steps by run_mlm.main(); then one subprocess in the
 transformers 5 virtualenv (.venv-transformers5, installed by `bash run_tests.sh` from
@@ -13,22 +14,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO, TINY_MODEL, subprocess_env
 
 import run_mlm
-from mlm_pipeline import model_folder
-from conftest import REPO, TINY_MODEL, subprocess_env
-from mlm_pipeline import contract
+from mlm_pipeline import contract, model_folder
 
 TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_REQUIREMENTS = REPO / "requirements-export-test.txt"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_fill_mask.py"
-INSTALL_HINT = "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
+INSTALL_HINT = (
+    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
+)
 
 MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
-# Padded to the longest, so the comparison also covers padding (RoBERTa numbers positions around it).
+# Padded to the longest, so the comparison also covers padding (RoBERTa numbers positions around
+# it).
 SENTENCES = [
     "The [MASK] crossed the old bridge.",
-    "In the morning the young teacher wrote a long [MASK] to the famous painter of the northern city.",
+    "In the morning the young teacher wrote a long [MASK] to the famous painter of the northern "
+    "city.",
     "Children [MASK] in the garden.",
 ]
 TOP_K = 5
@@ -39,14 +43,21 @@ RTOL, ATOL = 1e-4, 1e-4
 def train(shards_dir, tokenizer_dir, output_dir, *extra, max_steps=8):
     argv = [
         "--no_tpu",
-        "--train_dataset", str(shards_dir / "train"),
-        "--tokenizer", str(tokenizer_dir),
-        "--output_dir", str(output_dir),
-        "--per_replica_batch_size", "8",
-        "--max_steps", str(max_steps),
-        "--learning_rate", "2e-3",  # a few steps away from the uniform guesses of a fresh model
-        "--seed", "0",
-    ]  # fmt: skip
+        "--train_dataset",
+        str(shards_dir / "train"),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--output_dir",
+        str(output_dir),
+        "--per_replica_batch_size",
+        "8",
+        "--max_steps",
+        str(max_steps),
+        "--learning_rate",
+        "2e-3",  # a few steps away from the uniform guesses of a fresh model
+        "--seed",
+        "0",
+    ]
     return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
 
 
@@ -79,10 +90,12 @@ def pinned_version(package):
 
 @pytest.fixture(scope="module")
 def transformers5_python():
-    """The transformers 5 virtualenv's python, checked before any model is trained for it (the tests that use
-    `transformers5` name it before the fixtures that train, so pytest sets it up first)."""
+    """The transformers 5 virtualenv's python, checked before any model is trained for it (the tests
+    that use `transformers5` name it before the fixtures that train, so pytest sets it up first)."""
     if not TRANSFORMERS5_PYTHON.exists():
-        pytest.fail(f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False)
+        pytest.fail(
+            f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False
+        )
     return TRANSFORMERS5_PYTHON
 
 
@@ -91,20 +104,34 @@ def transformers5(transformers5_python, trained, tmp_path_factory):
     """{model type: what transformers 5 made of the folder}, from one subprocess in .venv-transformers5."""
     folder = tmp_path_factory.mktemp("transformers5")
     request, report = folder / "request.json", folder / "report.json"
-    folders = {model_type: str(output_dir / contract.PYTORCH_DIR) for model_type, (_, output_dir) in trained.items()}
+    folders = {
+        model_type: str(output_dir / contract.PYTORCH_DIR)
+        for model_type, (_, output_dir) in trained.items()
+    }
     request.write_text(json.dumps({"folders": folders, "sentences": SENTENCES, "top_k": TOP_K}))
     result = subprocess.run(
         [str(transformers5_python), str(TRANSFORMERS5_SCRIPT), str(request), str(report)],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode != 0:
-        pytest.fail(f"transformers 5 failed on the copies ({INSTALL_HINT} if stale):\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"transformers 5 failed on the copies ({INSTALL_HINT} if "
+            f"stale):\n{result.stderr[-3000:]}"
+        )
     reports = json.loads(report.read_text())
     expected = (pinned_version("transformers"), pinned_version("torch"))
     for found in reports.values():
-        actual = (found["transformers_version"], found["torch_version"].split("+")[0])  # 2.13.0+cpu is 2.13.0
+        # 2.13.0+cpu is 2.13.0
+        actual = (found["transformers_version"], found["torch_version"].split("+")[0])
         if actual != expected:
-            pytest.fail(f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} has {actual}, pinned: {expected}; {INSTALL_HINT}.")
+            pytest.fail(
+                f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} has {actual}, pinned: {expected}; "
+                f"{INSTALL_HINT}."
+            )
     return reports
 
 
@@ -117,8 +144,14 @@ def tensorflow(trained):
     for model_type, (masked_lm, output_dir) in trained.items():
         tokenizer = AutoTokenizer.from_pretrained(str(output_dir))
         batch = tokenizer(SENTENCES, padding=True, return_tensors="np")
-        logits = masked_lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits
-        results[model_type] = {**batch, "logits": logits.numpy(), "mask_token_id": tokenizer.mask_token_id}
+        logits = masked_lm(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False
+        ).logits
+        results[model_type] = {
+            **batch,
+            "logits": logits.numpy(),
+            "mask_token_id": tokenizer.mask_token_id,
+        }
     return results
 
 
@@ -140,33 +173,43 @@ def test_transformers5_loads_every_weight(model_type, transformers5, trained):
     info = found["loading_info"]
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
     assert info["mismatched_keys"] == [] and info["error_msgs"] == [], info
-    # The file holds the word embeddings once; PyTorch must tie the decoder to them, as TF shares them.
+    # The file holds the word embeddings once; PyTorch must tie the decoder to them, as TF shares
+    # them.
     assert found["shares_word_embeddings"]
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_transformers5_logits_match_tensorflow(model_type, transformers5, tensorflow):
     expected, found = tensorflow[model_type], transformers5[model_type]
-    # The same ids through both tokenizer versions, padding included, so the logits compare position by position.
+    # The same ids through both tokenizer versions, padding included, so the logits compare position
+    # by position.
     assert found["input_ids"] == expected["input_ids"].tolist()
     assert found["attention_mask"] == expected["attention_mask"].tolist()
     assert 0 in expected["attention_mask"]  # some padding, whose positions RoBERTa numbers around
     attended = expected["attention_mask"].astype(bool)
     torch_logits = np.asarray(found["logits"], dtype=np.float32)
-    np.testing.assert_allclose(torch_logits[attended], expected["logits"][attended], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        torch_logits[attended], expected["logits"][attended], rtol=RTOL, atol=ATOL
+    )
     masked = expected["input_ids"] == expected["mask_token_id"]
     assert masked.sum() == len(SENTENCES)
-    np.testing.assert_array_equal(top_tokens(torch_logits[masked]), top_tokens(expected["logits"][masked]))
+    np.testing.assert_array_equal(
+        top_tokens(torch_logits[masked]), top_tokens(expected["logits"][masked])
+    )
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_fill_mask_pipeline_matches_tensorflow(model_type, transformers5, tensorflow):
     expected = tensorflow[model_type]
     masked_logits = expected["logits"][expected["input_ids"] == expected["mask_token_id"]]
-    for sentence, logits, guesses in zip(SENTENCES, masked_logits, transformers5[model_type]["pipeline"]):
+    for sentence, logits, guesses in zip(
+        SENTENCES, masked_logits, transformers5[model_type]["pipeline"]
+    ):
         top = top_tokens(logits)
         assert guesses["tokens"] == top.tolist(), sentence
-        np.testing.assert_allclose(guesses["scores"], softmax(logits)[top], rtol=RTOL, atol=1e-6, err_msg=sentence)
+        np.testing.assert_allclose(
+            guesses["scores"], softmax(logits)[top], rtol=RTOL, atol=1e-6, err_msg=sentence
+        )
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -178,21 +221,28 @@ def test_copy_holds_pytorch_names_and_layouts(model_type, trained):
     masked_lm, output_dir = trained[model_type]
     path = output_dir / contract.PYTORCH_DIR / contract.PYTORCH_WEIGHTS_NAME
     with safe_open(str(path), framework="numpy") as file:
-        assert file.metadata() == {"format": "pt"}  # what transformers reads to treat the tensors as PyTorch's
+        # what transformers reads to treat the tensors as PyTorch's
+        assert file.metadata() == {"format": "pt"}
     tensors = load_file(str(path))
-    assert len(tensors) == len(masked_lm.weights)  # each weight once: no tied copy of the word embeddings
+    # each weight once: no tied copy of the word embeddings
+    assert len(tensors) == len(masked_lm.weights)
     assert not [name for name in tensors if ".decoder." in name]
     for weight in masked_lm.weights:
-        name, _ = convert_tf_weight_name_to_pt_weight_name(weight.name, tf_weight_shape=weight.shape)
+        name, _ = convert_tf_weight_name_to_pt_weight_name(
+            weight.name, tf_weight_shape=weight.shape
+        )
         kernel = weight.name.endswith("/kernel:0")  # Keras (in, out); torch Linear (out, in)
-        np.testing.assert_array_equal(tensors[name], weight.numpy().T if kernel else weight.numpy(), err_msg=name)
+        np.testing.assert_array_equal(
+            tensors[name], weight.numpy().T if kernel else weight.numpy(), err_msg=name
+        )
         assert tensors[name].dtype == np.float32
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_tensorflow_pipeline_still_loads_the_folder_as_it_is(model_type, trained, tensorflow):
-    """transformers 4.57's TF loader prefers a model.safetensors beside tf_model.h5 and fails on PyTorch-format
-    files: with the copy in a folder of its own, the TF model loads by default and predicts as trained."""
+    """transformers 4.57's TF loader prefers a model.safetensors beside tf_model.h5 and fails on
+    PyTorch-format files: with the copy in a folder of its own, the TF model loads by default and
+    predicts as trained."""
     from transformers import pipeline
 
     _, output_dir = trained[model_type]
@@ -218,8 +268,11 @@ def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monk
     model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert contract.PYTORCH_DIR in published and published[-1] == "config.json"
     copy = tmp_path / "with" / contract.PYTORCH_DIR
-    assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {path.name for path in copy.iterdir()}
-    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))  # replacing a saved model replaces its copy too
+    assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {
+        path.name for path in copy.iterdir()
+    }
+    # replacing a saved model replaces its copy too
+    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert copy.is_dir()
     published.clear()
     model_folder.save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
@@ -247,7 +300,13 @@ def test_unexported_model_type_is_refused_before_training(shards_dir, tokenizer_
     electra = config_file(tmp_path, "electra", embedding_size=32)
     with pytest.raises(run_mlm.UsageError) as error:
         train(
-            shards_dir, tokenizer_dir, output_dir, "--pretrained_model_config", electra, "--config_overrides", TINY_MODEL
+            shards_dir,
+            tokenizer_dir,
+            output_dir,
+            "--pretrained_model_config",
+            electra,
+            "--config_overrides",
+            TINY_MODEL,
         )
     message = str(error.value)  # what `run_mlm.py: error: ` precedes on the command line
     assert "\n" not in message and "not electra" in message and "--no_pytorch_export" in message
@@ -258,12 +317,16 @@ def test_no_pytorch_export_trains_any_model_type(shards_dir, tokenizer_dir, tmp_
     electra = config_file(tmp_path, "electra", embedding_size=32)
     output_dir = tmp_path / "model"
     trainer, _ = train(
-        shards_dir, tokenizer_dir, output_dir,
-        "--pretrained_model_config", electra,
-        "--config_overrides", TINY_MODEL,
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        "--pretrained_model_config",
+        electra,
+        "--config_overrides",
+        TINY_MODEL,
         "--no_pytorch_export",
         max_steps=1,
-    )  # fmt: skip
+    )
     assert int(trainer.optimizer.iterations.numpy()) == 1
     assert (output_dir / "config.json").is_file() and (output_dir / "tf_model.h5").is_file()
     assert not (output_dir / contract.PYTORCH_DIR).exists()
@@ -273,5 +336,11 @@ def test_untied_word_embeddings_are_refused_before_training(shards_dir, tokenize
     """TF ties the LM decoder to the word embeddings whatever the config says; PyTorch would not."""
     output_dir = tmp_path / "model"
     with pytest.raises(run_mlm.UsageError, match="tie_word_embeddings.*--no_pytorch_export"):
-        train(shards_dir, tokenizer_dir, output_dir, "--config_overrides", f"{TINY_MODEL},tie_word_embeddings=false")
+        train(
+            shards_dir,
+            tokenizer_dir,
+            output_dir,
+            "--config_overrides",
+            f"{TINY_MODEL},tie_word_embeddings=false",
+        )
     assert not output_dir.exists() or not any(output_dir.iterdir())

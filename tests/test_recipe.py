@@ -1,5 +1,5 @@
-"""The training recipe's parts: whole-word masking, the sequence-length warmup, gradient accumulation, and
-the optimizer flags (clipping, Adam's betas and epsilon)."""
+"""The training recipe's parts: whole-word masking, the sequence-length warmup, gradient
+accumulation, and the optimizer flags (clipping, Adam's betas and epsilon)."""
 
 import functools
 import re
@@ -10,12 +10,20 @@ import time
 
 import numpy as np
 import pytest
+from conftest import MAX_LENGTH, REPO, subprocess_env
+from test_masking import (
+    MASK_ID,
+    SPECIAL_IDS,
+    VOCAB,
+    dataset_args,
+    dense_labels,
+    random_batch,
+    within_binomial,
+)
+from test_resume import latest_checkpoint_step, load_weights, training_args
 
 import run_mlm
-from conftest import MAX_LENGTH, REPO, subprocess_env
 from mlm_pipeline import checkpoints, contract
-from test_masking import MASK_ID, SPECIAL_IDS, VOCAB, dataset_args, dense_labels, random_batch, within_binomial
-from test_resume import latest_checkpoint_step, load_weights, training_args
 
 NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
 
@@ -32,16 +40,18 @@ def vocabulary_with_words(seed):
 
 
 def words_of(row, starts):
-    """Each position's word number, as the masking defines words: a word-start piece and the pieces after it
-    that continue it; special tokens, the piece after one, and the first piece always begin a word."""
+    """Each position's word number, as the masking defines words: a word-start piece and the pieces
+    after it that continue it; special tokens, the piece after one, and the first piece always begin
+    a word."""
     special = np.isin(row, SPECIAL_IDS)
     begins = starts[row] | special | np.concatenate([[True], special[:-1]])
     return np.cumsum(begins) - 1
 
 
 def check_whole_words(batch, starts, chosen, mlm_probability):
-    """Assert that `chosen` [batch, length] takes whole words only, no special token, within each row's budget;
-    return how many words of several pieces it took (the whole-word check had pieces to split)."""
+    """Assert that `chosen` [batch, length] takes whole words only, no special token, within each
+    row's budget; return how many words of several pieces it took (the whole-word check had pieces
+    to split)."""
     budget = np.round(mlm_probability * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))
     assert (chosen.sum(axis=1) <= budget).all()
     assert not chosen[np.isin(batch, SPECIAL_IDS)].any()
@@ -58,12 +68,18 @@ def check_whole_words(batch, starts, chosen, mlm_probability):
 def mask_whole_words(input_ids, starts, seed=(1, 2), mlm_probability=0.15, jit_compile=False):
     import tensorflow as tf
 
-    function = tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
+    function = (
+        tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
+    )
     masked, positions, labels = function(
-        tf.constant(input_ids), tf.constant(seed, dtype=tf.int64), mlm_probability,
-        tf.constant(MASK_ID, dtype=tf.int32), tf.constant(SPECIAL_IDS, dtype=tf.int32),
-        tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32), tf.constant(starts),
-    )  # fmt: skip
+        tf.constant(input_ids),
+        tf.constant(seed, dtype=tf.int64),
+        mlm_probability,
+        tf.constant(MASK_ID, dtype=tf.int32),
+        tf.constant(SPECIAL_IDS, dtype=tf.int32),
+        tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32),
+        tf.constant(starts),
+    )
     return masked.numpy(), positions.numpy(), labels.numpy()
 
 
@@ -75,7 +91,8 @@ def test_whole_words_are_chosen_whole_and_within_the_budget(mlm_probability):
     chosen = dense_labels(batch.shape, positions, labels) != -100
     assert check_whole_words(batch, starts, chosen, mlm_probability) > 1000
     budget = np.round(mlm_probability * (~np.isin(batch, SPECIAL_IDS)).sum(axis=1))
-    assert chosen.sum() >= 0.85 * budget.sum()  # words fill the budget but for the last one that did not fit
+    # words fill the budget but for the last one that did not fit
+    assert chosen.sum() >= 0.85 * budget.sum()
 
 
 def test_whole_word_masking_keeps_the_80_10_10_rule_per_piece():
@@ -85,8 +102,11 @@ def test_whole_word_masking_keeps_the_80_10_10_rule_per_piece():
         batch = random_batch(seed=10 + seed)
         masked, positions, labels = mask_whole_words(batch, starts, seed=(seed, 7))
         chosen = dense_labels(batch.shape, positions, labels) != -100
-        counts += [(chosen & (masked == MASK_ID)).sum(), (chosen & (masked == batch)).sum(),
-                   (chosen & (masked != MASK_ID) & (masked != batch)).sum()]  # fmt: skip
+        counts += [
+            (chosen & (masked == MASK_ID)).sum(),
+            (chosen & (masked == batch)).sum(),
+            (chosen & (masked != MASK_ID) & (masked != batch)).sum(),
+        ]
     trials, replacements = counts.sum(), VOCAB - len(SPECIAL_IDS)
     assert within_binomial(counts[0], trials, 0.8)
     assert within_binomial(counts[1], trials, 0.1 + 0.1 / replacements)
@@ -97,7 +117,8 @@ def test_whole_word_masking_compiles_with_xla_and_is_stateless():
     starts = vocabulary_with_words(seed=2)
     batch = random_batch(seed=5, shape=(64, 128))
     compiled = mask_whole_words(batch, starts, jit_compile=True)
-    # XLA may draw other random numbers than TF's own kernels, but as deterministically, and with the same rules.
+    # XLA may draw other random numbers than TF's own kernels, but as deterministically, and with
+    # the same rules.
     for first, again in zip(compiled, mask_whole_words(batch, starts, jit_compile=True)):
         np.testing.assert_array_equal(first, again)
     masked, positions, labels = compiled
@@ -124,9 +145,12 @@ class Vocabulary:
 @pytest.mark.parametrize(
     ("pieces", "expected"),
     [
-        (["<s>", "▁the", "ing", "▁cat", ",", "▁"], [False, True, False, True, False, True]),  # SentencePiece
-        (["[CLS]", "the", "##ing", "cat", "##s", ","], [True, True, False, True, False, True]),  # WordPiece
-        (["<s>", "Ġthe", "ing", "Ġcat", ",", "Ġ"], [False, True, False, True, False, True]),  # byte-level BPE
+        # SentencePiece
+        (["<s>", "▁the", "ing", "▁cat", ",", "▁"], [False, True, False, True, False, True]),
+        # WordPiece
+        (["[CLS]", "the", "##ing", "cat", "##s", ","], [True, True, False, True, False, True]),
+        # byte-level BPE
+        (["<s>", "Ġthe", "ing", "Ġcat", ",", "Ġ"], [False, True, False, True, False, True]),
     ],
 )
 def test_word_starts_are_read_from_the_vocabulary_markers(pieces, expected):
@@ -140,13 +164,29 @@ def test_word_starts_of_this_projects_tokenizer(tokenizer):
     assert 0.3 < np.mean(starts) < 1.0  # both kinds exist in a real vocabulary
 
 
-def test_evaluation_masks_stay_token_masks_with_whole_word_masking(shards_dir, read_manifest, tokenizer):
+def test_evaluation_masks_stay_token_masks_with_whole_word_masking(
+    shards_dir, read_manifest, tokenizer
+):
     files = shard_files(shards_dir / "validation", read_manifest)
-    datasets = [run_mlm.build_dataset(files, tokenizer, dataset_args(whole_word_masking=flag), MAX_LENGTH, 8,
-                                      training=training) for flag in (False, True) for training in (False, True)]
+    datasets = [
+        run_mlm.build_dataset(
+            files,
+            tokenizer,
+            dataset_args(whole_word_masking=flag),
+            MAX_LENGTH,
+            8,
+            training=training,
+        )
+        for flag in (False, True)
+        for training in (False, True)
+    ]
     (eval_plain, train_plain), (eval_words, train_words) = datasets[:2], datasets[2:]
-    first = [next(iter(dataset))[1].numpy() for dataset in (eval_plain, eval_words, train_plain, train_words)]
-    np.testing.assert_array_equal(first[0], first[1])  # evaluation: the same token masks, so runs compare
+    first = [
+        next(iter(dataset))[1].numpy()
+        for dataset in (eval_plain, eval_words, train_plain, train_words)
+    ]
+    # evaluation: the same token masks, so runs compare
+    np.testing.assert_array_equal(first[0], first[1])
     assert not np.array_equal(first[2], first[3])  # training: whole words
 
 
@@ -154,7 +194,9 @@ def test_evaluation_masks_stay_token_masks_with_whole_word_masking(shards_dir, r
 # Sequence-length warmup
 
 
-def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(shards_dir, read_manifest, tokenizer):
+def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(
+    shards_dir, read_manifest, tokenizer
+):
     files = shard_files(shards_dir / "train", read_manifest)
     args = dataset_args()
     whole = run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True)
@@ -162,7 +204,11 @@ def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(shards_
     features, labels = next(iter(cut))
     short = MAX_LENGTH // 4
     assert features["input_ids"].shape == (32, short)
-    assert labels.shape == features["masked_positions"].shape == (32, run_mlm.max_predictions(short, 0.15))
+    assert (
+        labels.shape
+        == features["masked_positions"].shape
+        == (32, run_mlm.max_predictions(short, 0.15))
+    )
 
     def originals(features, labels):
         masked = features["input_ids"].numpy()
@@ -171,9 +217,11 @@ def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(shards_
 
     whole_ids, _ = originals(*next(iter(whole)))
     cut_ids, chosen = originals(features, labels)
-    np.testing.assert_array_equal(cut_ids.reshape(8, MAX_LENGTH), whole_ids)  # the same records, in pieces
+    # the same records, in pieces
+    np.testing.assert_array_equal(cut_ids.reshape(8, MAX_LENGTH), whole_ids)
     special = np.isin(cut_ids, tokenizer.all_special_ids)
-    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(0.15 * (~special).sum(axis=1)))  # per piece
+    # per piece
+    np.testing.assert_array_equal(chosen.sum(axis=1), np.round(0.15 * (~special).sum(axis=1)))
 
 
 @pytest.mark.parametrize(
@@ -193,22 +241,40 @@ def test_fit_segments_end_at_the_warmup_phase_end(start, total, per_epoch, phase
 
 
 def warmup_args(shards_dir, tokenizer_dir, output_dir, total, *extra):
-    return training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", total, "--short_sequence_length",
-                         MAX_LENGTH // 4, "--short_sequence_ratio", 0.5, *extra)  # fmt: skip
+    return training_args(
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        "--max_steps",
+        total,
+        "--short_sequence_length",
+        MAX_LENGTH // 4,
+        "--short_sequence_ratio",
+        0.5,
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_warmup(shards_dir, tokenizer_dir, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("warmup-uninterrupted")
     total = 24  # 12 steps on pieces of 8 tokens, 12 at 32; checkpoints every 5 steps
-    trainer, logs = run_mlm.main(run_mlm.parse_args(warmup_args(shards_dir, tokenizer_dir, output_dir, total)))
+    trainer, logs = run_mlm.main(
+        run_mlm.parse_args(warmup_args(shards_dir, tokenizer_dir, output_dir, total))
+    )
     return output_dir, total, logs
 
 
 def kill_at_checkpoint(command, output_dir, step):
     """Start `command` and SIGKILL it once a checkpoint of `step` or later exists; that checkpoint's step."""
-    process = subprocess.Popen(command, cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while (latest_checkpoint_step(output_dir) or 0) < step:
         assert process.poll() is None, process.stderr.read()[-3000:]
@@ -220,41 +286,70 @@ def kill_at_checkpoint(command, output_dir, step):
     return latest_checkpoint_step(output_dir)
 
 
-def test_warmup_survives_a_kill_in_either_phase(uninterrupted_warmup, shards_dir, tokenizer_dir, tmp_path):
+def test_warmup_survives_a_kill_in_either_phase(
+    uninterrupted_warmup, shards_dir, tokenizer_dir, tmp_path
+):
     straight, total, _ = uninterrupted_warmup
     short_steps = total // 2
-    command = [sys.executable, str(REPO / "run_mlm.py"), *warmup_args(shards_dir, tokenizer_dir, tmp_path, total)]
-    # Killed in the short phase; the rerun resumes there, crosses the switch, and is killed in the full phase.
+    command = [
+        sys.executable,
+        str(REPO / "run_mlm.py"),
+        *warmup_args(shards_dir, tokenizer_dir, tmp_path, total),
+    ]
+    # Killed in the short phase; the rerun resumes there, crosses the switch, and is killed in the
+    # full phase.
     assert kill_at_checkpoint(command, tmp_path, 5) < short_steps
     saved = kill_at_checkpoint(command, tmp_path, short_steps + 3)
     assert short_steps < saved < total
 
-    rerun = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(
+        command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"at step {saved} of {total}." in rerun.stdout and f"Finished: {total:,} steps" in rerun.stdout
+    assert (
+        f"at step {saved} of {total}." in rerun.stdout
+        and f"Finished: {total:,} steps" in rerun.stdout
+    )
     for resumed, uninterrupted in zip(load_weights(tmp_path), load_weights(straight)):
         np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-4, atol=1e-6)
 
 
 def test_warmup_evaluates_at_full_length_at_the_switch_and_the_end(uninterrupted_warmup):
     output_dir, total, logs = uninterrupted_warmup
-    assert logs["step"][-1] == total and total // 2 in logs["step"]  # an evaluation closes the short phase
+    # an evaluation closes the short phase
+    assert logs["step"][-1] == total and total // 2 in logs["step"]
     assert all(np.isfinite(logs["val_loss"]))
     log = (output_dir / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert len({row.split(",")[0] for row in log[1:]}) == len(log) - 1  # each epoch once in the CSV
 
 
-def test_warmup_and_accumulation_on_two_cpu_replicas(run_script, shards_dir, tokenizer_dir, tmp_path):
+def test_warmup_and_accumulation_on_two_cpu_replicas(
+    run_script, shards_dir, tokenizer_dir, tmp_path
+):
     """Logical CPU devices can only be set up before TensorFlow starts, hence fresh processes."""
     results = {}
     for steps in (1, 2):
         output_dir = tmp_path / f"accumulate-{steps}"
-        result = run_script("run_mlm.py", *warmup_args(shards_dir, tokenizer_dir, output_dir, 6, "--cpu_replicas", 2,
-                                                       "--gradient_accumulation_steps", steps, "--no_pytorch_export"))
+        result = run_script(
+            "run_mlm.py",
+            *warmup_args(
+                shards_dir,
+                tokenizer_dir,
+                output_dir,
+                6,
+                "--cpu_replicas",
+                2,
+                "--gradient_accumulation_steps",
+                steps,
+                "--no_pytorch_export",
+            ),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
-        summary = (r"on 2 replica\(s\) of MirroredStrategy: 6 steps = 0\.\d\d epochs of \d+ steps, batches of "
-                   rf"16 x {MAX_LENGTH} tokens")
+        summary = (
+            r"on 2 replica\(s\) of MirroredStrategy: 6 steps = 0\.\d\d epochs of \d+ steps, batches of "
+            rf"16 x {MAX_LENGTH} tokens"
+        )
         assert re.search(summary, result.stdout), result.stdout
         assert "Finished: 6 steps" in result.stdout and "val_perplexity" in result.stdout
         assert (output_dir / "config.json").is_file() and (output_dir / "tokenizer.json").is_file()
@@ -269,10 +364,25 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(run_script, shards_dir, tok
 
 
 def train_steps(shards_dir, tokenizer_dir, output_dir, *extra):
-    # adam_epsilon 1: Adam's first steps then scale with the gradient, so a wrongly scaled sum would show.
-    argv = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 2, "--per_replica_batch_size", 8,
-                         "--learning_rate", 0.05, "--warmup_ratio", 0, "--adam_epsilon", 1, "--no_pytorch_export",
-                         *extra)  # fmt: skip
+    # adam_epsilon 1: Adam's first steps then scale with the gradient, so a wrongly scaled sum would
+    # show.
+    argv = training_args(
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        "--max_steps",
+        2,
+        "--per_replica_batch_size",
+        8,
+        "--learning_rate",
+        0.05,
+        "--warmup_ratio",
+        0,
+        "--adam_epsilon",
+        1,
+        "--no_pytorch_export",
+        *extra,
+    )
     trainer, logs = run_mlm.main(run_mlm.parse_args(argv))
     return [weight.numpy() for weight in trainer.masked_lm.weights], logs
 
@@ -291,7 +401,9 @@ def test_accumulated_micro_batches_give_the_step_of_one_batch(
     whole_weights, whole_logs = one_batch_of_eight
     np.testing.assert_allclose(logs["loss"], whole_logs["loss"], rtol=1e-5)
     moved = 0
-    for accumulated, whole, initial in zip(weights, whole_weights, initial_weights(shards_dir, tokenizer_dir)):
+    for accumulated, whole, initial in zip(
+        weights, whole_weights, initial_weights(shards_dir, tokenizer_dir)
+    ):
         np.testing.assert_allclose(accumulated - initial, whole - initial, rtol=1e-3, atol=1e-7)
         moved += np.abs(whole - initial).max() > 1e-6
     assert moved > len(weights) // 2
@@ -306,22 +418,42 @@ def initial_weights(shards_dir, tokenizer_dir):
     tokenizer = contract.load_tokenizer(str(tokenizer_dir), "--tokenizer", require_mlm_tokens=True)
     args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
     tf_keras.utils.set_random_seed(0)
-    masked_lm = TFAutoModelForMaskedLM.from_config(run_mlm.build_config(args, tokenizer, MAX_LENGTH))
+    masked_lm = TFAutoModelForMaskedLM.from_config(
+        run_mlm.build_config(args, tokenizer, MAX_LENGTH)
+    )
     masked_lm(masked_lm.dummy_inputs)
     return [weight.numpy() for weight in masked_lm.weights]
 
 
-def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(shards_dir, tokenizer_dir, tmp_path):
+def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(
+    shards_dir, tokenizer_dir, tmp_path
+):
     flags = ["--max_grad_norm", 1e-6, "--adam_beta1", 0.8, "--adam_beta2", 0.98]
-    argv = training_args(shards_dir, tokenizer_dir, tmp_path / "clipped", "--max_steps", 1, "--learning_rate", 0.05,
-                         "--warmup_ratio", 0, "--adam_epsilon", 1, "--no_pytorch_export", *flags)  # fmt: skip
+    argv = training_args(
+        shards_dir,
+        tokenizer_dir,
+        tmp_path / "clipped",
+        "--max_steps",
+        1,
+        "--learning_rate",
+        0.05,
+        "--warmup_ratio",
+        0,
+        "--adam_epsilon",
+        1,
+        "--no_pytorch_export",
+        *flags,
+    )
     trainer, _ = run_mlm.main(run_mlm.parse_args(argv))
     optimizer = trainer.optimizer
     settings = [optimizer.global_clipnorm, optimizer.beta_1, optimizer.beta_2, optimizer.epsilon]
-    np.testing.assert_allclose([float(value) for value in settings], [1e-6, 0.8, 0.98, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        [float(value) for value in settings], [1e-6, 0.8, 0.98, 1.0], rtol=1e-6
+    )
     initial = initial_weights(shards_dir, tokenizer_dir)
-    # With epsilon 1, the first Adam step moves each weight by about lr x (1 - beta1) x its gradient: a global
-    # norm clipped to 1e-6 moves nothing by more than lr x 1e-6 (decay aside: lr x 0.01 x |weight|).
+    # With epsilon 1, the first Adam step moves each weight by about lr x (1 - beta1) x its
+    # gradient: a global norm clipped to 1e-6 moves nothing by more than lr x 1e-6 (decay aside: lr
+    # x 0.01 x |weight|).
     for weight, start in zip(trainer.masked_lm.weights, initial):
         moved = np.abs(weight.numpy() - start)
         assert (moved <= 0.05 * (1e-6 + 0.01 * np.abs(start)) + 1e-9).all(), weight.name
@@ -330,18 +462,34 @@ def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(shards
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--short_sequence_length", 12], f"--short_sequence_length 12 must divide the shards' length {MAX_LENGTH}"),
-        (["--short_sequence_length", MAX_LENGTH], f"--short_sequence_length {MAX_LENGTH} must divide"),
-        (["--short_sequence_length", 8, "--short_sequence_ratio", 1.0], "--short_sequence_ratio 1.0"),
-        (["--gradient_accumulation_steps", 3], "--gradient_accumulation_steps 3 must divide --per_replica_batch_size"),
+        (
+            ["--short_sequence_length", 12],
+            f"--short_sequence_length 12 must divide the shards' length {MAX_LENGTH}",
+        ),
+        (
+            ["--short_sequence_length", MAX_LENGTH],
+            f"--short_sequence_length {MAX_LENGTH} must divide",
+        ),
+        (
+            ["--short_sequence_length", 8, "--short_sequence_ratio", 1.0],
+            "--short_sequence_ratio 1.0",
+        ),
+        (
+            ["--gradient_accumulation_steps", 3],
+            "--gradient_accumulation_steps 3 must divide --per_replica_batch_size",
+        ),
         (["--adam_beta2", 1.0], "--adam_beta2 1.0"),
         (["--adam_epsilon", 0], "--adam_epsilon 0"),
         (["--max_grad_norm", -1], "--max_grad_norm"),
     ],
 )
-def test_recipe_flags_out_of_range_are_refused_in_one_line(flags, needle, shards_dir, tokenizer_dir, tmp_path):
+def test_recipe_flags_out_of_range_are_refused_in_one_line(
+    flags, needle, shards_dir, tokenizer_dir, tmp_path
+):
     output_dir = tmp_path / "model"
     with pytest.raises(run_mlm.UsageError, match=re.escape(needle)) as refusal:
-        run_mlm.main(run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, output_dir, *flags)))
+        run_mlm.main(
+            run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, output_dir, *flags))
+        )
     assert "\n" not in str(refusal.value)
     assert not output_dir.exists() or not any(output_dir.iterdir())

@@ -9,43 +9,58 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPO, TINY_MODEL, subprocess_env
 
 import run_mlm
-from conftest import REPO, TINY_MODEL, subprocess_env
 from mlm_pipeline import checkpoints, contract
 
 BATCH_SIZE = 8
 SAVE_STEPS = 5
-NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"  # so reruns can match to the last bit
+# so reruns can match to the last bit
+NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
 
 
 def training_args(shards_dir, tokenizer_dir, output_dir, *extra):
     args = [
         "--no_tpu",
-        "--train_dataset", shards_dir / "train",
-        "--eval_dataset", shards_dir / "validation",
-        "--tokenizer", tokenizer_dir,
-        "--output_dir", output_dir,
-        "--config_overrides", TINY_MODEL + NO_DROPOUT,
-        "--per_replica_batch_size", BATCH_SIZE,
-        "--save_steps", SAVE_STEPS,
-        "--shuffle_buffer_size", 64,
-        "--seed", 0,
+        "--train_dataset",
+        shards_dir / "train",
+        "--eval_dataset",
+        shards_dir / "validation",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+        "--config_overrides",
+        TINY_MODEL + NO_DROPOUT,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--save_steps",
+        SAVE_STEPS,
+        "--shuffle_buffer_size",
+        64,
+        "--seed",
+        0,
         *extra,
-    ]  # fmt: skip
+    ]
     return [str(arg) for arg in args]
 
 
 def latest_checkpoint_step(output_dir):
     state = output_dir / contract.CHECKPOINT_DIR / "checkpoint"
-    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M) if state.exists() else None
+    match = (
+        re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
+        if state.exists()
+        else None
+    )
     return int(match.group(1)) if match else None
 
 
 def load_weights(folder):
     from transformers import TFAutoModelForMaskedLM
 
-    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors) beside it.
+    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors)
+    # beside it.
     model = TFAutoModelForMaskedLM.from_pretrained(str(folder))
     return [weight.numpy() for weight in model.weights]
 
@@ -67,7 +82,8 @@ def test_fit_segments_cover_exactly_the_remaining_steps(start, total, per_epoch,
     step = start
     for first_step, epoch, epochs, steps in segments:
         assert first_step == step and epoch == first_step // per_epoch
-        assert steps <= per_epoch - first_step % per_epoch  # no fit() epoch crosses an epoch of the data
+        # no fit() epoch crosses an epoch of the data
+        assert steps <= per_epoch - first_step % per_epoch
         step += epochs * steps
     assert step == total
 
@@ -76,16 +92,22 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     shards_dir, tokenizer_dir, read_manifest, tmp_path
 ):
     per_epoch = read_manifest(shards_dir / "train")["records"] // BATCH_SIZE
-    # --max_steps beyond the one epoch of --num_epochs' default: the kill lands in the first epoch, the run
-    # repeats the data and ends inside the second.
+    # --max_steps beyond the one epoch of --num_epochs' default: the kill lands in the first epoch,
+    # the run repeats the data and ends inside the second.
     total = per_epoch + 7
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
     command = [sys.executable, str(REPO / "run_mlm.py")]
 
     # SIGKILL, no warning, as soon as the first step checkpoint exists.
     args = training_args(shards_dir, tokenizer_dir, interrupted, "--max_steps", total)
-    process = subprocess.Popen(command + args, cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command + args,
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while latest_checkpoint_step(interrupted) is None:
         assert process.poll() is None, process.stderr.read()[-3000:]
@@ -98,20 +120,27 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     assert SAVE_STEPS <= saved_step < total
     assert not (interrupted / "config.json").exists()  # not a finished model
 
-    rerun = subprocess.run(command + args, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+    rerun = subprocess.run(
+        command + args, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     # It went back to the newest checkpoint, so at most one save interval of work was lost.
     assert f"ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout, rerun.stdout
     assert f"Finished: {total:,} steps" in rerun.stdout
     assert latest_checkpoint_step(interrupted) == total
 
-    # The curve file holds every epoch once: the interrupted epoch is logged when the resumed run ends it.
+    # The curve file holds every epoch once: the interrupted epoch is logged when the resumed run
+    # ends it.
     log = (interrupted / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"]
 
-    run_mlm.main(run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, uninterrupted, "--max_steps", total)))
-    # Same weights, optimizer state, schedule position and data stream: the resumed run ends on the same model.
+    run_mlm.main(
+        run_mlm.parse_args(
+            training_args(shards_dir, tokenizer_dir, uninterrupted, "--max_steps", total)
+        )
+    )
+    # Same weights, optimizer state, schedule position and data stream: the resumed run ends on the
+    # same model.
     for resumed, straight in zip(load_weights(interrupted), load_weights(uninterrupted)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-6)
 
@@ -127,7 +156,9 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
 ):
     output_dir = tmp_path / "run"
     first = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 12)
-    other = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 12, "--learning_rate", "3e-4")
+    other = training_args(
+        shards_dir, tokenizer_dir, output_dir, "--max_steps", 12, "--learning_rate", "3e-4"
+    )
     run_mlm.main(run_mlm.parse_args(first))
     (output_dir / "config.json").unlink()  # as if the run had been killed before its final save
     checkpoints = sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir())
@@ -135,11 +166,16 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
     result = run_script("run_mlm.py", *other)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "learning_rate" in result.stderr and "--overwrite_output_dir" in result.stderr
-    assert sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir()) == checkpoints
+    assert (
+        sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir())
+        == checkpoints
+    )
 
     _, logs = run_mlm.main(run_mlm.parse_args(other + ["--overwrite_output_dir"]))
     assert logs["step"] == [12]  # started from step 0, not resumed from 12
-    settings = json.loads((output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text())
+    settings = json.loads(
+        (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
+    )
     assert settings["learning_rate"] == 3e-4
 
 
@@ -155,7 +191,8 @@ def interrupt_at_checkpoint(monkeypatch, step, before):
 
     def interrupting_save(manager, checkpoint_number=None, **kwargs):
         if checkpoint_number == step:
-            monkeypatch.setattr(tf.train.CheckpointManager, "save", save)  # once: the rerun saves normally
+            # once: the rerun saves normally
+            monkeypatch.setattr(tf.train.CheckpointManager, "save", save)
             if before:
                 raise Interrupted
             save(manager, checkpoint_number=checkpoint_number, **kwargs)
@@ -168,21 +205,43 @@ def interrupt_at_checkpoint(monkeypatch, step, before):
 @pytest.mark.parametrize(
     ("save_steps", "interrupted_at", "before"),
     [
-        (5, "epoch_end", False),  # the epoch's last step is a multiple of --save_steps; its row not yet logged
-        (6, "epoch_end", True),  # the epoch's row is due once its checkpoint is saved: resumed from step 18
-        (5, "last_step", False),  # nothing left to train when resumed: the figures come from the log
+        # the epoch's last step is a multiple of --save_steps; its row not yet logged
+        (5, "epoch_end", False),
+        # the epoch's row is due once its checkpoint is saved: resumed from step 18
+        (6, "epoch_end", True),
+        # nothing left to train when resumed: the figures come from the log
+        (5, "last_step", False),
     ],
 )
 def test_an_interrupted_run_logs_every_epoch_once_and_reports_its_figures(
-    save_steps, interrupted_at, before, shards_dir, tokenizer_dir, read_manifest, tmp_path, monkeypatch, capsys
+    save_steps,
+    interrupted_at,
+    before,
+    shards_dir,
+    tokenizer_dir,
+    read_manifest,
+    tmp_path,
+    monkeypatch,
+    capsys,
 ):
     batch_size = 16
     per_epoch = read_manifest(shards_dir / "train")["records"] // batch_size
     total = per_epoch + 5  # beyond one epoch: two rows, the second for a part of an epoch
     assert per_epoch % 5 == 0 and per_epoch % 6 and total % 6
-    argv = training_args(shards_dir, tokenizer_dir, tmp_path, "--max_steps", total, "--save_steps", save_steps,
-                         "--per_replica_batch_size", batch_size)  # fmt: skip
-    interrupt_at_checkpoint(monkeypatch, per_epoch if interrupted_at == "epoch_end" else total, before)
+    argv = training_args(
+        shards_dir,
+        tokenizer_dir,
+        tmp_path,
+        "--max_steps",
+        total,
+        "--save_steps",
+        save_steps,
+        "--per_replica_batch_size",
+        batch_size,
+    )
+    interrupt_at_checkpoint(
+        monkeypatch, per_epoch if interrupted_at == "epoch_end" else total, before
+    )
     with pytest.raises(Interrupted):
         run_mlm.main(run_mlm.parse_args(argv))
     assert not (tmp_path / "config.json").exists()
@@ -192,13 +251,21 @@ def test_an_interrupted_run_logs_every_epoch_once_and_reports_its_figures(
     log = (tmp_path / contract.TRAINING_LOG_NAME).read_text().splitlines()
     columns = log[0].split(",")
     rows = [dict(zip(columns, row.split(","))) for row in log[1:]]
-    assert [(row["epoch"], row["step"]) for row in rows] == [("0", str(per_epoch)), ("1", str(total))], log
+    assert [(row["epoch"], row["step"]) for row in rows] == [
+        ("0", str(per_epoch)),
+        ("1", str(total)),
+    ], log
     assert all(row["val_loss"] and row["loss"] for row in rows), log
 
     # The card and the summary line show the last epoch's figures, whichever run trained it.
     last = rows[-1]
     results = (tmp_path / "README.md").read_text().split("## Results")[1]
-    assert f"| masked-LM loss | {float(last['loss']):.4f} | {float(last['val_loss']):.4f} |" in results, results
+    assert (
+        f"| masked-LM loss | {float(last['loss']):.4f} | {float(last['val_loss']):.4f} |" in results
+    ), results
     assert "–" not in results, results
     summary = capsys.readouterr().out.strip().splitlines()[-1]
-    assert f"Finished: {total:,} steps" in summary and f"eval loss {float(last['val_loss']):.4f}" in summary, summary
+    assert (
+        f"Finished: {total:,} steps" in summary
+        and f"eval loss {float(last['val_loss']):.4f}" in summary
+    ), summary

@@ -4,9 +4,9 @@ import re
 
 import numpy as np
 import pytest
+from conftest import MAX_LENGTH
 
 import run_mlm
-from conftest import MAX_LENGTH
 from mlm_pipeline import contract
 
 BATCH_SIZE = 8
@@ -16,11 +16,15 @@ MAX_STEPS = 5
 def train(shards_dir, tokenizer_dir, output_dir, *extra, eval_split=True):
     argv = [
         "--no_tpu",
-        "--train_dataset", str(shards_dir / "train"),
-        "--tokenizer", str(tokenizer_dir),
-        "--output_dir", str(output_dir),
-        "--seed", "0",
-    ]  # fmt: skip
+        "--train_dataset",
+        str(shards_dir / "train"),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--output_dir",
+        str(output_dir),
+        "--seed",
+        "0",
+    ]
     if eval_split:
         argv += ["--eval_dataset", str(shards_dir / "validation")]
     return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
@@ -31,11 +35,16 @@ def run(shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
     """The whole chain: the session's train_unigram.py tokenizer and shards, then run_mlm.py on them."""
     output_dir = tmp_path_factory.mktemp("model")
     model, logs = train(
-        shards_dir, tokenizer_dir, output_dir,
-        "--config_overrides", tiny_model,
-        "--per_replica_batch_size", BATCH_SIZE,
-        "--max_steps", MAX_STEPS,
-    )  # fmt: skip
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        "--config_overrides",
+        tiny_model,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--max_steps",
+        MAX_STEPS,
+    )
     return model, logs, output_dir
 
 
@@ -46,7 +55,13 @@ def steps_per_epoch(shards_dir, read_manifest, batch_size):
 def test_output_dir_holds_model_and_tokenizer(run):
     _, _, output_dir = run
     names = {path.name for path in output_dir.iterdir()}
-    assert {"config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= names
+    assert {
+        "config.json",
+        "tf_model.h5",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    } <= names
 
 
 def test_saved_config_follows_the_tokenizer(run, tokenizer):
@@ -55,9 +70,16 @@ def test_saved_config_follows_the_tokenizer(run, tokenizer):
     assert config["model_type"] == "roberta"
     assert config["vocab_size"] == len(tokenizer)
     assert config["pad_token_id"] == tokenizer.pad_token_id
-    assert config["bos_token_id"] == tokenizer.cls_token_id and config["eos_token_id"] == tokenizer.sep_token_id
+    assert (
+        config["bos_token_id"] == tokenizer.cls_token_id
+        and config["eos_token_id"] == tokenizer.sep_token_id
+    )
     assert config["max_position_embeddings"] >= MAX_LENGTH + tokenizer.pad_token_id + 1
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (32, 1, 2)
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (
+        32,
+        1,
+        2,
+    )
     assert config["intermediate_size"] == 64
 
 
@@ -68,12 +90,16 @@ def test_saved_folder_reloads_model_and_tokenizer(run, tokenizer):
     saved_tokenizer = AutoTokenizer.from_pretrained(str(output_dir))
     assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert saved_tokenizer.mask_token_id == tokenizer.mask_token_id
-    assert saved_tokenizer.model_max_length == MAX_LENGTH  # so pipelines truncate to what positions allow
+    # so pipelines truncate to what positions allow
+    assert saved_tokenizer.model_max_length == MAX_LENGTH
 
     reloaded = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
     inputs = saved_tokenizer(["the [MASK] crossed the old bridge"], return_tensors="tf")
     np.testing.assert_allclose(
-        reloaded(inputs).logits.numpy(), model.masked_lm(inputs, training=False).logits.numpy(), rtol=1e-5, atol=1e-5
+        reloaded(inputs).logits.numpy(),
+        model.masked_lm(inputs, training=False).logits.numpy(),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
@@ -89,7 +115,9 @@ def test_fill_mask_pipeline_loads_from_the_folder(run, tokenizer):
     for prediction in predictions:
         assert 0 <= prediction["token"] < len(tokenizer)
         assert "[MASK]" not in prediction["sequence"]
-        assert prediction["sequence"].startswith("the river") and prediction["sequence"].endswith("the city.")
+        assert prediction["sequence"].startswith("the river") and prediction["sequence"].endswith(
+            "the city."
+        )
 
 
 def test_optimizer_ran_exactly_max_steps(run, shards_dir, read_manifest):
@@ -103,7 +131,13 @@ def test_optimizer_ran_exactly_max_steps(run, shards_dir, read_manifest):
 def test_history_has_masked_accuracy_and_perplexity(run):
     _, logs, _ = run
     accuracies = ("masked_accuracy", "mask_token_accuracy", "top_token_share")
-    for key in ("loss", "val_loss", "val_perplexity", *accuracies, *(f"val_{name}" for name in accuracies)):
+    for key in (
+        "loss",
+        "val_loss",
+        "val_perplexity",
+        *accuracies,
+        *(f"val_{name}" for name in accuracies),
+    ):
         assert key in logs and len(logs[key]) == 1, key
     for name in accuracies:
         assert 0.0 <= logs[name][0] <= 1.0 and 0.0 <= logs[f"val_{name}"][0] <= 1.0, name
@@ -114,7 +148,8 @@ def test_history_has_masked_accuracy_and_perplexity(run):
     assert logs["loss"][0] < 2 * math.log(run[0].masked_lm.config.vocab_size)
 
 
-# case: (--num_epochs, --max_steps from the steps of an epoch (None: not given), --steps_per_execution)
+# case: (--num_epochs, --max_steps from the steps of an epoch (None: not given),
+# --steps_per_execution)
 STEP_CASES = {
     "two_epochs": (2, None, 1),
     "max_steps_below_an_epoch_overrides_num_epochs": (2, lambda per_epoch: 3, 1),
@@ -133,8 +168,16 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
     assert per_epoch > 4
     num_epochs, max_steps, steps_per_execution = STEP_CASES[case]
     total = max_steps(per_epoch) if max_steps else num_epochs * per_epoch
-    extra = ["--num_epochs", num_epochs, "--per_replica_batch_size", batch_size, "--config_overrides", tiny_model,
-             "--steps_per_execution", steps_per_execution] + (["--max_steps", total] if max_steps else [])
+    extra = [
+        "--num_epochs",
+        num_epochs,
+        "--per_replica_batch_size",
+        batch_size,
+        "--config_overrides",
+        tiny_model,
+        "--steps_per_execution",
+        steps_per_execution,
+    ] + (["--max_steps", total] if max_steps else [])
     model, logs = train(shards_dir, tokenizer_dir, tmp_path, *extra, eval_split=False)
     printed = capsys.readouterr().out
 
@@ -144,15 +187,26 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
     log = (tmp_path / contract.TRAINING_LOG_NAME).read_text().splitlines()
     columns = log[0].split(",")
     rows = [dict(zip(columns, row.split(","))) for row in log[1:]]
-    assert [(row["epoch"], row["step"]) for row in rows] == [(str(i), str(end)) for i, end in enumerate(epoch_ends)]
+    assert [(row["epoch"], row["step"]) for row in rows] == [
+        (str(i), str(end)) for i, end in enumerate(epoch_ends)
+    ]
     assert "val_loss" not in logs and "val_perplexity" not in logs
     # The learning rate decays to 0 at the last step; resuming is checked against the same count.
     schedule = model.optimizer.learning_rate
-    assert float(schedule(total)) == pytest.approx(0.0, abs=1e-12) and float(schedule(total - 1)) > 0
-    settings = json.loads((tmp_path / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text())
+    assert (
+        float(schedule(total)) == pytest.approx(0.0, abs=1e-12) and float(schedule(total - 1)) > 0
+    )
+    settings = json.loads(
+        (tmp_path / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
+    )
     assert settings["total_steps"] == total
-    plan = re.search(rf": {total:,} steps = ([\d.]+) epochs? of {per_epoch} steps, batches of {batch_size} x ", printed)
-    assert plan and float(plan.group(1)) == pytest.approx(total / per_epoch, abs=0.005), printed[:2000]
+    plan = re.search(
+        rf": {total:,} steps = ([\d.]+) epochs? of {per_epoch} steps, batches of {batch_size} x ",
+        printed,
+    )
+    assert plan and float(plan.group(1)) == pytest.approx(total / per_epoch, abs=0.005), printed[
+        :2000
+    ]
     assert f"Finished: {total:,} steps" in printed
     assert (tmp_path / "tf_model.h5").is_file()
 
@@ -175,17 +229,30 @@ def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, to
     )
     output_dir = tmp_path / "out"
     model, _ = train(
-        shards_dir, tokenizer_dir, output_dir,
-        "--pretrained_model_config", config_file,
-        "--config_overrides", "num_attention_heads=2",
-        "--per_replica_batch_size", BATCH_SIZE,
-        "--max_steps", 2,
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        "--pretrained_model_config",
+        config_file,
+        "--config_overrides",
+        "num_attention_heads=2",
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--max_steps",
+        2,
         eval_split=False,
-    )  # fmt: skip
+    )
     saved = json.loads((output_dir / "config.json").read_text())
     assert saved["model_type"] == model_type
-    assert type(model.masked_lm).__name__ == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
-    assert (saved["hidden_size"], saved["intermediate_size"], saved["num_hidden_layers"]) == (24, 40, 1)
+    assert (
+        type(model.masked_lm).__name__
+        == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
+    )
+    assert (saved["hidden_size"], saved["intermediate_size"], saved["num_hidden_layers"]) == (
+        24,
+        40,
+        1,
+    )
     assert saved["num_attention_heads"] == 2  # overrides apply on top of the file
     assert saved["vocab_size"] == len(tokenizer)
     assert saved["pad_token_id"] == tokenizer.pad_token_id
@@ -193,7 +260,9 @@ def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, to
     assert int(model.optimizer.iterations.numpy()) == 2
 
 
-def test_overwrite_output_dir_replaces_a_finished_run(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+def test_overwrite_output_dir_replaces_a_finished_run(
+    shards_dir, tokenizer_dir, tiny_model, tmp_path
+):
     common = ["--config_overrides", tiny_model, "--per_replica_batch_size", BATCH_SIZE]
     train(shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 1, eval_split=False)
     first = (tmp_path / "tf_model.h5").read_bytes()
@@ -202,23 +271,36 @@ def test_overwrite_output_dir_replaces_a_finished_run(shards_dir, tokenizer_dir,
     assert (tmp_path / "tf_model.h5").read_bytes() == first
     assert (tmp_path / contract.PYTORCH_DIR).is_dir()
     model, _ = train(
-        shards_dir, tokenizer_dir, tmp_path, *common, "--max_steps", 2, "--overwrite_output_dir",
-        "--no_pytorch_export", eval_split=False,
-    )  # fmt: skip
+        shards_dir,
+        tokenizer_dir,
+        tmp_path,
+        *common,
+        "--max_steps",
+        2,
+        "--overwrite_output_dir",
+        "--no_pytorch_export",
+        eval_split=False,
+    )
     assert int(model.optimizer.iterations.numpy()) == 2
     assert (tmp_path / "tf_model.h5").read_bytes() != first
-    assert not (tmp_path / contract.PYTORCH_DIR).exists()  # no PyTorch copy of the replaced model left behind
+    # no PyTorch copy of the replaced model left behind
+    assert not (tmp_path / contract.PYTORCH_DIR).exists()
 
 
 def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny_model, tmp_path):
     model, logs = train(
-        shards_dir, tokenizer_dir, tmp_path,
+        shards_dir,
+        tokenizer_dir,
+        tmp_path,
         "--jit_compile",
-        "--config_overrides", tiny_model,
-        "--per_replica_batch_size", BATCH_SIZE,
-        "--max_steps", 2,
+        "--config_overrides",
+        tiny_model,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--max_steps",
+        2,
         eval_split=False,
-    )  # fmt: skip
+    )
     assert model.jit_compile
     assert model.distribute_strategy.num_replicas_in_sync == 1
     assert int(model.optimizer.iterations.numpy()) == 2
@@ -226,9 +308,18 @@ def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny
     assert (tmp_path / "config.json").is_file() and (tmp_path / "tf_model.h5").is_file()
 
 
-def test_sparse_head_trains_the_same_model_as_full_logits(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+def test_sparse_head_trains_the_same_model_as_full_logits(
+    shards_dir, tokenizer_dir, tiny_model, tmp_path
+):
     """Scoring only the masked positions changes the cost, not the maths: same losses, same weights."""
-    common = ["--config_overrides", tiny_model, "--per_replica_batch_size", BATCH_SIZE, "--max_steps", 6]
+    common = [
+        "--config_overrides",
+        tiny_model,
+        "--per_replica_batch_size",
+        BATCH_SIZE,
+        "--max_steps",
+        6,
+    ]
     runs = {}
     for head in ("sparse", "full"):
         runs[head] = train(shards_dir, tokenizer_dir, tmp_path / head, *common, "--mlm_head", head)
@@ -238,25 +329,37 @@ def test_sparse_head_trains_the_same_model_as_full_logits(shards_dir, tokenizer_
     for sparse_weight, full_weight in zip(sparse.masked_lm.weights, full.masked_lm.weights):
         np.testing.assert_allclose(sparse_weight.numpy(), full_weight.numpy(), rtol=1e-3, atol=1e-5)
     # The saved checkpoints are the same standard masked LM.
-    assert json.loads((tmp_path / "sparse" / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
-    assert json.loads((tmp_path / "full" / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
+    assert json.loads((tmp_path / "sparse" / "config.json").read_text())["architectures"] == [
+        "RobertaForMaskedLM"
+    ]
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["architectures"] == [
+        "RobertaForMaskedLM"
+    ]
 
 
-def test_bfloat16_computes_logits_and_loss_in_float32(shards_dir, tokenizer_dir, tiny_model, tmp_path):
+def test_bfloat16_computes_logits_and_loss_in_float32(
+    shards_dir, tokenizer_dir, tiny_model, tmp_path
+):
     import tensorflow as tf
     import tf_keras
 
     try:
         trainer, logs = train(
-            shards_dir, tokenizer_dir, tmp_path,
+            shards_dir,
+            tokenizer_dir,
+            tmp_path,
             "--bfloat16",
-            "--config_overrides", tiny_model,
-            "--per_replica_batch_size", BATCH_SIZE,
-            "--max_steps", 2,
-        )  # fmt: skip
+            "--config_overrides",
+            tiny_model,
+            "--per_replica_batch_size",
+            BATCH_SIZE,
+            "--max_steps",
+            2,
+        )
         assert trainer.masked_lm.layers[0].compute_dtype == "bfloat16"
     finally:
-        tf_keras.mixed_precision.set_global_policy("float32")  # the policy is global: later tests want fp32
+        # the policy is global: later tests want fp32
+        tf_keras.mixed_precision.set_global_policy("float32")
     features = {
         "input_ids": tf.constant([[0, 5, 4, 6, 1] * 4], dtype=tf.int32),
         "masked_positions": tf.constant([[2, 7]], dtype=tf.int32),
@@ -270,7 +373,9 @@ def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
     """TF RoBERTa's positions assume <pad> is id 1; with another id, PyTorch would number them differently."""
     from transformers import AutoTokenizer
 
-    args = run_mlm.parse_args(["--train_dataset", "x", "--tokenizer", str(tokenizer_dir), "--output_dir", "x"])
+    args = run_mlm.parse_args(
+        ["--train_dataset", "x", "--tokenizer", str(tokenizer_dir), "--output_dir", "x"]
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     assert run_mlm.build_config(args, tokenizer, MAX_LENGTH).pad_token_id == 1
     tokenizer.pad_token = "[SEP]"

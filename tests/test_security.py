@@ -1,12 +1,12 @@
 """Nothing reaches the Hub unless asked, no Hub token is printed or saved, remote code stays off by default."""
 
 import pytest
+from conftest import TINY_MODEL, VOCAB_SIZE
+from fake_hub import FakeHub, use_fake_hub
 
 import prepare_tfrecord_shards
 import run_mlm
 import train_unigram
-from conftest import TINY_MODEL, VOCAB_SIZE
-from fake_hub import FakeHub, use_fake_hub
 
 TOKEN = "hf_sentinelTokenThatMustNeverBeWrittenAnywhere"
 
@@ -22,7 +22,10 @@ def fake_hub():
     ("module", "argv"),
     [
         (train_unigram, ["--train_file", "t.txt", "--output_dir", "o"]),
-        (prepare_tfrecord_shards, ["--train_file", "t.txt", "--tokenizer_name_or_path", "t", "--output_dir", "o"]),
+        (
+            prepare_tfrecord_shards,
+            ["--train_file", "t.txt", "--tokenizer_name_or_path", "t", "--output_dir", "o"],
+        ),
         (run_mlm, ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o"]),
     ],
 )
@@ -31,18 +34,51 @@ def test_remote_code_is_off_unless_asked_for(module, argv):
     assert module.parse_args(argv + ["--trust_remote_code"]).trust_remote_code is True
 
 
-def test_the_pipeline_talks_to_no_hub_and_writes_no_token(run_script, corpus, fake_hub, tmp_path, monkeypatch):
-    # The subprocesses inherit a Hub at a loopback address that records every request, a token, and online
-    # mode (conftest.py sets offline mode), so a request the scripts make would show.
+def test_the_pipeline_talks_to_no_hub_and_writes_no_token(
+    run_script, corpus, fake_hub, tmp_path, monkeypatch
+):
+    # The subprocesses inherit a Hub at a loopback address that records every request, a token, and
+    # online mode (conftest.py sets offline mode), so a request the scripts make would show.
     use_fake_hub(monkeypatch, fake_hub)
     tokenizer, shards, model = tmp_path / "tokenizer", tmp_path / "shards", tmp_path / "model"
     steps = [
-        ("train_unigram.py", "--train_file", corpus["train"], "--vocab_size", VOCAB_SIZE, "--output_dir", tokenizer),
-        ("prepare_tfrecord_shards.py", "--train_file", corpus["train"], "--tokenizer_name_or_path", tokenizer,
-         "--max_length", 32, "--output_dir", shards),
-        ("run_mlm.py", "--no_tpu", "--train_dataset", shards / "train", "--tokenizer", tokenizer,
-         "--output_dir", model, "--config_overrides", TINY_MODEL, "--per_replica_batch_size", 8, "--max_steps", 2),
-    ]  # fmt: skip
+        (
+            "train_unigram.py",
+            "--train_file",
+            corpus["train"],
+            "--vocab_size",
+            VOCAB_SIZE,
+            "--output_dir",
+            tokenizer,
+        ),
+        (
+            "prepare_tfrecord_shards.py",
+            "--train_file",
+            corpus["train"],
+            "--tokenizer_name_or_path",
+            tokenizer,
+            "--max_length",
+            32,
+            "--output_dir",
+            shards,
+        ),
+        (
+            "run_mlm.py",
+            "--no_tpu",
+            "--train_dataset",
+            shards / "train",
+            "--tokenizer",
+            tokenizer,
+            "--output_dir",
+            model,
+            "--config_overrides",
+            TINY_MODEL,
+            "--per_replica_batch_size",
+            8,
+            "--max_steps",
+            2,
+        ),
+    ]
     for script, *args in steps:
         result = run_script(script, *args)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -53,12 +89,20 @@ def test_the_pipeline_talks_to_no_hub_and_writes_no_token(run_script, corpus, fa
     for path in written:
         assert TOKEN.encode() not in path.read_bytes(), path
 
-    # A push that was asked for reaches the fake Hub, which sees the token in the Authorization header only:
-    # not in the output, nor in a pushed file.
+    # A push that was asked for reaches the fake Hub, which sees the token in the Authorization
+    # header only: not in the output, nor in a pushed file.
     pushed = run_script(
-        "train_unigram.py", "--train_file", corpus["train"], "--vocab_size", VOCAB_SIZE,
-        "--output_dir", tmp_path / "pushed", "--push_to_hub", "--hub_model_id", "tester/tokenizer",
-    )  # fmt: skip
+        "train_unigram.py",
+        "--train_file",
+        corpus["train"],
+        "--vocab_size",
+        VOCAB_SIZE,
+        "--output_dir",
+        tmp_path / "pushed",
+        "--push_to_hub",
+        "--hub_model_id",
+        "tester/tokenizer",
+    )
     assert pushed.returncode == 0, pushed.stderr[-3000:]
     (commit,) = fake_hub.commits("tester/tokenizer")
     assert set(fake_hub.authorizations) == {f"Bearer {TOKEN}"}

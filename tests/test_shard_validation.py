@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-
 from conftest import TINY_MODEL, last_line
 
 
@@ -25,30 +24,47 @@ def first_shard(split_dir):
 
 def train(run_script, shards, tokenizer_dir, output_dir):
     return run_script(
-        "run_mlm.py", "--no_tpu",
-        "--train_dataset", shards / "train", "--eval_dataset", shards / "validation",
-        "--tokenizer", tokenizer_dir, "--output_dir", output_dir,
-        "--config_overrides", TINY_MODEL, "--per_replica_batch_size", 8, "--num_epochs", 1,
-    )  # fmt: skip
+        "run_mlm.py",
+        "--no_tpu",
+        "--train_dataset",
+        shards / "train",
+        "--eval_dataset",
+        shards / "validation",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        output_dir,
+        "--config_overrides",
+        TINY_MODEL,
+        "--per_replica_batch_size",
+        8,
+        "--num_epochs",
+        1,
+    )
 
 
-def test_a_shard_corrupted_inside_is_named_when_training_reaches_it(run_script, shards_copy, tokenizer_dir, tmp_path):
+def test_a_shard_corrupted_inside_is_named_when_training_reaches_it(
+    run_script, shards_copy, tokenizer_dir, tmp_path
+):
     shard, _ = first_shard(shards_copy / "train")
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
-    data[middle : middle + 16] = b"\xff" * 16  # same size, first record intact: only reading it all finds out
+    # same size, first record intact: only reading it all finds out
+    data[middle : middle + 16] = b"\xff" * 16
     shard.write_bytes(bytes(data))
     result = train(run_script, shards_copy, tokenizer_dir, tmp_path / "out")
     assert result.returncode == 1, result.stdout[-2000:]
     assert "Traceback" not in result.stderr
     line = last_line(result.stderr)
-    assert line.startswith("run_mlm.py: error: ") and str(shard) in line and "corrupt" in line, result.stderr[-3000:]
+    assert line.startswith("run_mlm.py: error: ") and str(shard) in line and "corrupt" in line, (
+        result.stderr[-3000:]
+    )
     assert not (tmp_path / "out" / "config.json").exists()
 
 
 def test_the_checks_before_training_look_each_shard_up_once(shards_dir, tokenizer, monkeypatch):
-    """On gs:// every lookup is a round trip: read_manifest and check_shards share one stat() per shard (made
-    many at a time), and no shard is also asked whether it exists."""
+    """On gs:// every lookup is a round trip: read_manifest and check_shards share one stat() per
+    shard (made many at a time), and no shard is also asked whether it exists."""
     import tensorflow as tf
 
     from mlm_pipeline import contract

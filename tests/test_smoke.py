@@ -3,20 +3,20 @@
     bash run_tests.sh -m smoke     # about a minute on 2 CPU cores once the requirements are installed
     bash run_tests.sh --tpu        # the same on TensorFlow's TPU build (requirements-tpu.txt), on the CPU
 
-A tiny corpus and model: a tokenizer, train and validation shards, then run_mlm.py on them once with the train
-step compiled by XLA (--jit_compile, the path a TPU takes) and once mirrored over 2 CPU replicas
-(--cpu_replicas 2, the multi-replica path); the saved model answers a fill-mask query. It needs none of the
-session fixtures, so it builds and checks every file the steps hand on.
+A tiny corpus and model: a tokenizer, train and validation shards, then run_mlm.py on them once with
+the train step compiled by XLA (--jit_compile, the path a TPU takes) and once mirrored over 2 CPU
+replicas (--cpu_replicas 2, the multi-replica path); the saved model answers a fill-mask query. It
+needs none of the session fixtures, so it builds and checks every file the steps hand on.
 
-TensorFlow's TPU build has no XLA compiler for the CPU, so there run_mlm.py must refuse --jit_compile with
---no_tpu in one line instead (on a TPU, TPUStrategy compiles the step itself).
+TensorFlow's TPU build has no XLA compiler for the CPU, so there run_mlm.py must refuse
+--jit_compile with --no_tpu in one line instead (on a TPU, TPUStrategy compiles the step itself).
 """
 
 import json
 
 import pytest
-
 from conftest import TINY_MODEL, make_corpus_lines, write_lines
+
 from mlm_pipeline import contract, tf_startup
 
 pytestmark = pytest.mark.smoke
@@ -37,15 +37,36 @@ def chain(run_script, tmp_path_factory):
     train = write_lines(folder / "train.txt", make_corpus_lines(420, seed=0))
     validation = write_lines(folder / "validation.txt", make_corpus_lines(110, seed=1))
     tokenizer, shards = folder / "tokenizer", folder / "shards"
-    succeeded(run_script("train_unigram.py", "--train_file", train, "--vocab_size", 400, "--output_dir", tokenizer))
+    succeeded(
+        run_script(
+            "train_unigram.py",
+            "--train_file",
+            train,
+            "--vocab_size",
+            400,
+            "--output_dir",
+            tokenizer,
+        )
+    )
     assert (tokenizer / "tokenizer.json").is_file()
     for split, path in (("train", train), ("validation", validation)):
         succeeded(
             run_script(
-                "prepare_tfrecord_shards.py", f"--{split}_file", path, "--split", split,
-                "--tokenizer_name_or_path", tokenizer, "--max_length", 32, "--shard_size", 100, "--output_dir", shards,
+                "prepare_tfrecord_shards.py",
+                f"--{split}_file",
+                path,
+                "--split",
+                split,
+                "--tokenizer_name_or_path",
+                tokenizer,
+                "--max_length",
+                32,
+                "--shard_size",
+                100,
+                "--output_dir",
+                shards,
             )
-        )  # fmt: skip
+        )
         manifest = json.loads((shards / split / contract.MANIFEST_NAME).read_text())
         assert manifest["max_length"] == 32 and manifest["records"] > 0
     return {"tokenizer": tokenizer, "shards": shards}
@@ -53,10 +74,26 @@ def chain(run_script, tmp_path_factory):
 
 def run_mlm(run_script, chain, output_dir, *hardware):
     return run_script(
-        "run_mlm.py", "--no_tpu", *hardware, "--train_dataset", chain["shards"] / "train",
-        "--eval_dataset", chain["shards"] / "validation", "--tokenizer", chain["tokenizer"], "--output_dir", output_dir,
-        "--config_overrides", TINY_MODEL, "--per_replica_batch_size", 4, "--max_steps", STEPS, "--learning_rate", 1e-3,
-    )  # fmt: skip
+        "run_mlm.py",
+        "--no_tpu",
+        *hardware,
+        "--train_dataset",
+        chain["shards"] / "train",
+        "--eval_dataset",
+        chain["shards"] / "validation",
+        "--tokenizer",
+        chain["tokenizer"],
+        "--output_dir",
+        output_dir,
+        "--config_overrides",
+        TINY_MODEL,
+        "--per_replica_batch_size",
+        4,
+        "--max_steps",
+        STEPS,
+        "--learning_rate",
+        1e-3,
+    )
 
 
 def check_trained(output, model):
@@ -65,7 +102,8 @@ def check_trained(output, model):
     assert (model / contract.FINISHED_RUN_MARKER).is_file() and (model / "tf_model.h5").is_file()
     from transformers import pipeline
 
-    fill_mask = pipeline("fill-mask", model=str(model), framework="tf", dtype=None)  # dtype: no torch here
+    # dtype: no torch here
+    fill_mask = pipeline("fill-mask", model=str(model), framework="tf", dtype=None)
     answers = fill_mask("The river crossed the old [MASK] of the city.")
     assert len(answers) == 5 and all(answer["token_str"] for answer in answers)
 

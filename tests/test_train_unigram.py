@@ -5,15 +5,30 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from conftest import (
+    VOCAB_SIZE,
+    dataset_files,
+    make_corpus_lines,
+    read_lines,
+    write_hub_layout,
+    write_jsonl,
+    write_lines,
+)
 
 import train_unigram
-from conftest import VOCAB_SIZE, dataset_files, make_corpus_lines, read_lines, write_hub_layout, write_jsonl, write_lines
 
 SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 
 
 def train(train_file, output_dir, *extra, vocab_size=VOCAB_SIZE):
-    argv = ["--train_file", str(train_file), "--vocab_size", str(vocab_size), "--output_dir", str(output_dir)]
+    argv = [
+        "--train_file",
+        str(train_file),
+        "--vocab_size",
+        str(vocab_size),
+        "--output_dir",
+        str(output_dir),
+    ]
     return train_unigram.main(train_unigram.parse_args(argv + [str(arg) for arg in extra]))
 
 
@@ -36,7 +51,8 @@ def test_saves_a_fast_tokenizer_with_the_special_tokens(tokenizer_dir, tokenizer
     assert tokenizer.mask_token == "[MASK]" and tokenizer.mask_token_id == 4
     assert sorted(tokenizer.all_special_ids) == [0, 1, 2, 3, 4]
     assert len(SPECIAL_TOKENS) < len(tokenizer) <= VOCAB_SIZE
-    # The special tokens appear once each: the trainer's copies and the added tokens are the same ids.
+    # The special tokens appear once each: the trainer's copies and the added tokens are the same
+    # ids.
     vocab = tokenizer.get_vocab()
     assert len(set(vocab.values())) == len(vocab) == len(tokenizer)
 
@@ -60,21 +76,30 @@ def test_text_is_nfkc_normalized(tokenizer):
 
 
 def test_mask_absorbs_the_space_before_it(tokenizer):
-    # A word that is a single piece, so "the <word> of" and "the [MASK] of" should line up token for token.
-    word = next(w for w in ("river", "city", "house", "stone", "water") if len(tokenizer.tokenize(" " + w)) == 1)
+    # A word that is a single piece, so "the <word> of" and "the [MASK] of" should line up token for
+    # token.
+    word = next(
+        w
+        for w in ("river", "city", "house", "stone", "water")
+        if len(tokenizer.tokenize(" " + w)) == 1
+    )
     with_word = tokenizer.convert_ids_to_tokens(tokenizer(f"the {word} of")["input_ids"])
     with_mask = tokenizer.convert_ids_to_tokens(tokenizer("the [MASK] of")["input_ids"])
     assert len(with_mask) == len(with_word)
     position = with_word.index("▁" + word)
     assert with_mask[position] == "[MASK]"
-    assert with_mask[:position] == with_word[:position] and with_mask[position + 1 :] == with_word[position + 1 :]
+    assert (
+        with_mask[:position] == with_word[:position]
+        and with_mask[position + 1 :] == with_word[position + 1 :]
+    )
     assert with_mask[position - 1] != "▁"
     assert "▁" not in with_mask
 
 
 def test_decode_gives_ordinary_text_back(corpus, tokenizer):
     lines = [line for line in read_lines(corpus["validation"]) if line.strip()]
-    ordinary = [line for line in lines if unicodedata.normalize("NFKC", line) == line]  # NFKC changes the rest
+    # NFKC changes the rest
+    ordinary = [line for line in lines if unicodedata.normalize("NFKC", line) == line]
     assert len(ordinary) > 50
     for line in ordinary:
         ids = tokenizer(line)["input_ids"]
@@ -88,15 +113,17 @@ def spaced_punctuation(line):
 
 
 def test_a_whole_word_is_one_token_not_a_bare_space_and_the_word(tmp_path):
-    """The trainer proposes no piece that only ever ends a word, such as "▁." or "▁;" when punctuation is spaced
-    out: without train_unigram's word-end examples it spells them "▁" + ".", and a bare "▁" was 13% of the
-    tokens here (18% on WikiText-2)."""
+    """The trainer proposes no piece that only ever ends a word, such as "▁." or "▁;" when
+    punctuation is spaced out: without train_unigram's word-end examples it spells them "▁" + ".",
+    and a bare "▁" was 13% of the tokens here (18% on WikiText-2)."""
     lines = [spaced_punctuation(line) for line in make_corpus_lines(420, seed=0)]
     tokenizer = train(write_lines(tmp_path / "spaced.txt", lines), tmp_path / "tokenizer")
     tokens = tokenizer.tokenize("the city ; the tower .")
     assert "▁;" in tokens and tokens[-1] == "▁." and "▁" not in tokens
 
-    validation = [spaced_punctuation(line) for line in make_corpus_lines(110, seed=1) if line.strip()]
+    validation = [
+        spaced_punctuation(line) for line in make_corpus_lines(110, seed=1) if line.strip()
+    ]
     tokens = [token for line in validation for token in tokenizer.tokenize(line)]
     assert tokens.count("▁") / len(tokens) < 0.05
 
@@ -109,22 +136,30 @@ def test_spaces_at_either_end_are_not_tokens(tokenizer):
 def test_blank_lines_are_skipped(tmp_path):
     lines = make_corpus_lines(150, seed=7)
     with_blanks = write_lines(tmp_path / "with_blanks.txt", lines + ["", "   ", "\t"])
-    without_blanks = write_lines(tmp_path / "without_blanks.txt", [line for line in lines if line.strip()])
+    without_blanks = write_lines(
+        tmp_path / "without_blanks.txt", [line for line in lines if line.strip()]
+    )
     assert any(not line.strip() for line in read_lines(with_blanks))
 
     train(with_blanks, tmp_path / "a", vocab_size=200)
     train(without_blanks, tmp_path / "b", vocab_size=200)
-    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (
+        tmp_path / "b" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_windows_and_old_mac_line_ends_read_as_newlines(tmp_path):
     lines = [line for line in make_corpus_lines(150, seed=7) if line.strip()]
     unix = write_lines(tmp_path / "unix.txt", lines)
     mixed = tmp_path / "mixed.txt"
-    mixed.write_bytes("".join(line + ("\r\n" if index % 2 else "\r") for index, line in enumerate(lines)).encode())
+    mixed.write_bytes(
+        "".join(line + ("\r\n" if index % 2 else "\r") for index, line in enumerate(lines)).encode()
+    )
     train(unix, tmp_path / "unix", vocab_size=200)
     train(mixed, tmp_path / "mixed", vocab_size=200)
-    assert (tmp_path / "unix" / "tokenizer.json").read_bytes() == (tmp_path / "mixed" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "unix" / "tokenizer.json").read_bytes() == (
+        tmp_path / "mixed" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_text_that_is_not_utf8_is_a_usage_error(tmp_path):
@@ -142,7 +177,9 @@ def test_same_input_gives_byte_identical_tokenizer(corpus, tokenizer_dir, tmp_pa
     expected = (tokenizer_dir / "tokenizer.json").read_bytes()
     for run in range(3):
         train(corpus["train"], tmp_path / f"run{run}")
-        assert (tmp_path / f"run{run}" / "tokenizer.json").read_bytes() == expected, f"run {run} differs"
+        assert (tmp_path / f"run{run}" / "tokenizer.json").read_bytes() == expected, (
+            f"run {run} differs"
+        )
 
 
 @pytest.mark.parametrize("extension", [".jsonl", ".csv"])
@@ -169,7 +206,9 @@ def test_structured_input_with_text_column(corpus, tokenizer_dir, tmp_path, exte
 
 def test_wrong_text_column_is_a_usage_error(tmp_path):
     path = tmp_path / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"body": line}) + "\n" for line in make_corpus_lines(20, seed=3)))
+    path.write_text(
+        "".join(json.dumps({"body": line}) + "\n" for line in make_corpus_lines(20, seed=3))
+    )
     with pytest.raises(train_unigram.UsageError, match="'text'.*body"):
         train(path, tmp_path / "tokenizer")
     assert not (tmp_path / "tokenizer").exists()
@@ -180,7 +219,9 @@ def test_limit_uses_only_the_first_rows(corpus, tmp_path):
     head = write_lines(tmp_path / "head.txt", lines[:100])
     train(corpus["train"], tmp_path / "limited", "--limit", 100, vocab_size=200)
     train(head, tmp_path / "head", vocab_size=200)
-    assert (tmp_path / "limited" / "tokenizer.json").read_bytes() == (tmp_path / "head" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "limited" / "tokenizer.json").read_bytes() == (
+        tmp_path / "head" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_existing_tokenizer_is_kept_unless_overwrite(corpus, tmp_path):
@@ -199,8 +240,8 @@ def test_existing_tokenizer_is_kept_unless_overwrite(corpus, tmp_path):
 
 
 def test_dataset_name_path_reads_the_train_split(corpus, tmp_path):
-    """--dataset_name goes through load_dataset(name, config, split="train"), as a Hub id does; a local
-    folder holding train.txt and validation.txt stands in for the Hub, offline."""
+    """--dataset_name goes through load_dataset(name, config, split="train"), as a Hub id does; a
+    local folder holding train.txt and validation.txt stands in for the Hub, offline."""
     dataset_dir = tmp_path / "dataset"
     dataset_dir.mkdir()
     (dataset_dir / "train.txt").write_bytes(corpus["train"].read_bytes())
@@ -208,10 +249,17 @@ def test_dataset_name_path_reads_the_train_split(corpus, tmp_path):
     common = ["--vocab_size", str(VOCAB_SIZE)]
     from_folder = train_unigram.main(
         train_unigram.parse_args(
-            common + ["--dataset_name", str(dataset_dir), "--dataset_config", "default", "--output_dir",
-                      str(tmp_path / "from_folder")]
+            common
+            + [
+                "--dataset_name",
+                str(dataset_dir),
+                "--dataset_config",
+                "default",
+                "--output_dir",
+                str(tmp_path / "from_folder"),
+            ]
         )
-    )  # fmt: skip
+    )
     from_file = train(corpus["train"], tmp_path / "from_file")
     assert (tmp_path / "from_folder" / "tokenizer.json").read_bytes() == (
         tmp_path / "from_file" / "tokenizer.json"
@@ -247,7 +295,9 @@ def test_plain_text_under_any_extension_is_read_as_text(corpus, tokenizer_dir, t
     path = tmp_path / name
     path.write_bytes(corpus["train"].read_bytes())
     train(path, tmp_path / "tokenizer")
-    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == (tokenizer_dir / "tokenizer.json").read_bytes()
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == (
+        tokenizer_dir / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_a_compressed_corpus_is_refused_by_name(corpus, tmp_path):

@@ -5,9 +5,9 @@ import os
 import re
 
 import pytest
+from conftest import MAX_LENGTH
 
 import run_mlm
-from conftest import MAX_LENGTH
 from mlm_pipeline import contract, tf_startup, training_logs
 from mlm_pipeline.errors import UsageError
 
@@ -24,29 +24,59 @@ def run(shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path_factory):
 
     output_dir = tmp_path_factory.mktemp("outputs")
     argv = [
-        "--no_tpu", "--seed", "0",
-        "--train_dataset", str(shards_dir / "train"), "--eval_dataset", str(shards_dir / "validation"),
-        "--tokenizer", str(tokenizer_dir), "--output_dir", str(output_dir),
-        "--config_overrides", tiny_model, "--per_replica_batch_size", str(BATCH_SIZE),
-        "--num_epochs", str(EPOCHS), "--logging_steps", str(LOGGING_STEPS), "--warmup_ratio", "0.25",
-    ]  # fmt: skip
+        "--no_tpu",
+        "--seed",
+        "0",
+        "--train_dataset",
+        str(shards_dir / "train"),
+        "--eval_dataset",
+        str(shards_dir / "validation"),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--output_dir",
+        str(output_dir),
+        "--config_overrides",
+        tiny_model,
+        "--per_replica_batch_size",
+        str(BATCH_SIZE),
+        "--num_epochs",
+        str(EPOCHS),
+        "--logging_steps",
+        str(LOGGING_STEPS),
+        "--warmup_ratio",
+        "0.25",
+    ]
     printed = io.StringIO()
     with redirect_stdout(printed):
         trainer, logs = run_mlm.main(run_mlm.parse_args(argv))
     steps_per_epoch = read_manifest(shards_dir / "train")["records"] // BATCH_SIZE
-    assert steps_per_epoch % LOGGING_STEPS, "the fixture should end each epoch between two logging points"
+    assert steps_per_epoch % LOGGING_STEPS, (
+        "the fixture should end each epoch between two logging points"
+    )
     scalars = training_logs.read_scalars(str(output_dir / contract.TENSORBOARD_DIR))
     return {
-        "trainer": trainer, "logs": logs, "printed": printed.getvalue(), "output_dir": output_dir,
-        "steps_per_epoch": steps_per_epoch, "scalars": scalars,
-    }  # fmt: skip
+        "trainer": trainer,
+        "logs": logs,
+        "printed": printed.getvalue(),
+        "output_dir": output_dir,
+        "steps_per_epoch": steps_per_epoch,
+        "scalars": scalars,
+    }
 
 
 def test_training_scalars_every_logging_steps_and_at_each_epoch_end(run):
     per_epoch = run["steps_per_epoch"]
     epoch_ends = [per_epoch * (epoch + 1) for epoch in range(EPOCHS)]
-    expected = sorted(set(range(LOGGING_STEPS, EPOCHS * per_epoch + 1, LOGGING_STEPS)) | set(epoch_ends))
-    for name in ("loss", "masked_accuracy", "mask_token_accuracy", "learning_rate", "tokens_per_second"):
+    expected = sorted(
+        set(range(LOGGING_STEPS, EPOCHS * per_epoch + 1, LOGGING_STEPS)) | set(epoch_ends)
+    )
+    for name in (
+        "loss",
+        "masked_accuracy",
+        "mask_token_accuracy",
+        "learning_rate",
+        "tokens_per_second",
+    ):
         assert sorted(run["scalars"][f"train/{name}"]) == expected, name
     assert all(value > 0 for value in run["scalars"]["train/tokens_per_second"].values())
 
@@ -69,9 +99,13 @@ def test_learning_rate_follows_the_warmup_and_decay(run):
     rates = run["scalars"]["train/learning_rate"]
     total = EPOCHS * run["steps_per_epoch"]
     warmup = int(0.25 * total)
-    peak = run_mlm.parse_args(["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o"]).learning_rate
+    peak = run_mlm.parse_args(
+        ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o"]
+    ).learning_rate
     for step, rate in rates.items():
-        expected = peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
+        expected = (
+            peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
+        )
         assert rate == pytest.approx(expected, rel=1e-4, abs=1e-9), step
 
 
@@ -80,9 +114,13 @@ def test_evaluation_scalars_after_each_epoch(run):
     epoch_ends = [run["steps_per_epoch"] * (epoch + 1) for epoch in range(EPOCHS)]
     for name in ("loss", "perplexity", "masked_accuracy", "mask_token_accuracy", "top_token_share"):
         assert sorted(scalars[f"eval/{name}"]) == epoch_ends, name
-        assert [scalars[f"eval/{name}"][step] for step in epoch_ends] == pytest.approx(logs[f"val_{name}"], rel=1e-6)
+        assert [scalars[f"eval/{name}"][step] for step in epoch_ends] == pytest.approx(
+            logs[f"val_{name}"], rel=1e-6
+        )
     for step in epoch_ends:
-        assert scalars["eval/perplexity"][step] == pytest.approx(math.exp(scalars["eval/loss"][step]), rel=1e-5)
+        assert scalars["eval/perplexity"][step] == pytest.approx(
+            math.exp(scalars["eval/loss"][step]), rel=1e-5
+        )
 
 
 def test_curves_png_next_to_the_model(run):
@@ -93,7 +131,11 @@ def test_curves_png_next_to_the_model(run):
         assert image.format == "PNG"
         width, height = image.size
         # Something was drawn: a blank canvas has a single colour.
-        assert width > 400 and height > 200 and len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 10
+        assert (
+            width > 400
+            and height > 200
+            and len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 10
+        )
 
 
 def test_summary_line_says_how_the_run_ended(run):
@@ -113,7 +155,8 @@ def test_a_step_written_again_keeps_its_newer_value(tmp_path):
     """A resumed run repeats the steps after its last checkpoint: the curves keep the repeat."""
     import tensorflow as tf
 
-    for value, first_step in ((1.0, 1), (2.0, 2)):  # the older run wrote steps 1-3, the resumed one 2-3
+    # the older run wrote steps 1-3, the resumed one 2-3
+    for value, first_step in ((1.0, 1), (2.0, 2)):
         folder = tmp_path / str(value)
         writer = tf.summary.create_file_writer(str(folder))
         with writer.as_default():
@@ -122,7 +165,8 @@ def test_a_step_written_again_keeps_its_newer_value(tmp_path):
         writer.close()
         (written,) = folder.iterdir()
         parts = written.name.split(".")
-        parts[3] = str(1000 + int(value))  # written a second apart: the second file is the newer one
+        # written a second apart: the second file is the newer one
+        parts[3] = str(1000 + int(value))
         written.rename(tmp_path / ".".join(parts))
     assert training_logs.read_scalars(str(tmp_path))["train/loss"] == {1: 1.0, 2: 2.0, 3: 2.0}
 
@@ -149,46 +193,65 @@ def test_tensorflow_startup_log_is_shown_only_when_startup_fails(capfd, monkeypa
     assert "start-up chatter" in capfd.readouterr().err
 
 
-def test_a_whole_run_prints_no_tensorflow_log(run_script, shards_dir, tokenizer_dir, tiny_model, tmp_path, monkeypatch):
+def test_a_whole_run_prints_no_tensorflow_log(
+    run_script, shards_dir, tokenizer_dir, tiny_model, tmp_path, monkeypatch
+):
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it
     result = run_script(
-        "run_mlm.py", "--no_tpu", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir,
-        "--output_dir", tmp_path / "model", "--config_overrides", tiny_model, "--max_steps", 2,
-    )  # fmt: skip
+        "run_mlm.py",
+        "--no_tpu",
+        "--train_dataset",
+        shards_dir / "train",
+        "--tokenizer",
+        tokenizer_dir,
+        "--output_dir",
+        tmp_path / "model",
+        "--config_overrides",
+        tiny_model,
+        "--max_steps",
+        2,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    tensorflow_log = re.compile(r"^(WARNING: All log messages before absl|[IWEF]\d{4} \d\d:\d\d:)", re.MULTILINE)
+    tensorflow_log = re.compile(
+        r"^(WARNING: All log messages before absl|[IWEF]\d{4} \d\d:\d\d:)", re.MULTILINE
+    )
     assert not tensorflow_log.search(result.stderr), result.stderr[-3000:]
     assert "TensorFlow and JAX classes are deprecated" not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("script", ["train_unigram.py", "prepare_tfrecord_shards.py", "run_mlm.py"])
 def test_help_is_complete_and_loads_no_heavy_library(script):
-    """--help must answer at once: it may not load TensorFlow, transformers or datasets, and every flag says
-    what it does."""
+    """--help must answer at once: it may not load TensorFlow, transformers or datasets, and every
+    flag says what it does."""
     import subprocess
     import sys
 
     from conftest import REPO, subprocess_env
 
     probe = (
-        "import runpy, sys\n"
-        f"sys.argv = [{script!r}, '--help']\n"
-        "try:\n"
-        f"    runpy.run_path({str(REPO / script)!r}, run_name='__main__')\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = sorted({'tensorflow', 'tf_keras', 'transformers', 'datasets', 'tokenizers'} & set(sys.modules))\n"
-        "print('LOADED', heavy)\n"
+        f"import runpy, sys\nsys.argv = [{script!r}, '--help']\ntry:\n    "
+        f"runpy.run_path({str(REPO / script)!r}, run_name='__main__')\nexcept SystemExit:\n    "
+        "pass\nheavy = "
+        "sorted({'tensorflow', 'tf_keras', 'transformers', 'datasets', 'tokenizers'} & "
+        "set(sys.modules))\nprint('LOADED', heavy)\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=subprocess_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "LOADED []" in result.stdout, result.stdout[-500:]
     flags = re.findall(r"^  (--\w+)(.*)$", result.stdout, re.MULTILINE)
     assert len(flags) > 5
-    # argparse puts the help text on the flag's line or indents it on the next one; a flag without either
-    # is followed directly by the next flag.
+    # argparse puts the help text on the flag's line or indents it on the next one; a flag without
+    # either is followed directly by the next flag.
     lines = result.stdout.splitlines()
     for index, line in enumerate(lines):
         if re.match(r"^  --\w+", line) and not re.search(r"\s{2,}\S", line.strip()[2:]):
             following = lines[index + 1] if index + 1 < len(lines) else ""
-            assert following.startswith(" " * 10) and following.strip(), f"{script}: {line.strip()} has no help"
+            assert following.startswith(" " * 10) and following.strip(), (
+                f"{script}: {line.strip()} has no help"
+            )

@@ -1,14 +1,15 @@
 """Load run_mlm.py's saved folders in transformers 5 with PyTorch and report what a user would get.
 
-Runs in .venv-transformers5 (transformers 5 has no TF models, so it cannot share the TF stack's virtualenv),
-started by tests/test_pytorch_export.py, which compares the report with the TF model:
+Runs in .venv-transformers5 (transformers 5 has no TF models, so it cannot share the TF stack's
+virtualenv), started by tests/test_pytorch_export.py, which compares the report with the TF model:
 
     .venv-transformers5/bin/python tests/transformers5_fill_mask.py request.json report.json
 
-request.json: {"folders": {name: folder}, "sentences": [text with one [MASK], ...], "top_k": 5}. For each
-folder the report holds the versions, the loading info of AutoModelForMaskedLM.from_pretrained(), whether
-the LM decoder shares the word embeddings, the padded batch's input ids, attention mask and logits, and
-the token ids pipeline("fill-mask") ranks first for each sentence.
+request.json: {"folders": {name: folder}, "sentences": [text with one [MASK], ...], "top_k": 5}. For
+each folder the report holds the versions, the loading info of
+AutoModelForMaskedLM.from_pretrained(), whether the LM decoder shares the word embeddings, the
+padded batch's input ids, attention mask and logits, and the token ids pipeline("fill-mask") ranks
+first for each sentence.
 """
 
 import json
@@ -19,7 +20,8 @@ def load_model(folder):
     from transformers import AutoModelForMaskedLM
 
     model, loading_info = AutoModelForMaskedLM.from_pretrained(folder, output_loading_info=True)
-    model.eval()  # from_pretrained does this already; the logits below must be dropout-free whatever it does
+    # from_pretrained does this already; the logits below must be dropout-free whatever it does
+    model.eval()
     # Sets of keys (and tuples for mismatched ones) as sorted lists of strings, for JSON.
     info = {key: sorted(str(item) for item in value) for key, value in loading_info.items()}
     return model, info
@@ -27,7 +29,10 @@ def load_model(folder):
 
 def shares_word_embeddings(model):
     """True when the LM decoder's matrix is the word-embedding matrix itself, as in the TF model."""
-    return model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    return (
+        model.get_output_embeddings().weight.data_ptr()
+        == model.get_input_embeddings().weight.data_ptr()
+    )
 
 
 def batch_logits(model, folder, sentences):
@@ -50,7 +55,10 @@ def pipeline_top_tokens(folder, sentences, top_k):
 
     fill_mask = pipeline("fill-mask", model=folder)
     return [
-        {"tokens": [guess["token"] for guess in guesses], "scores": [guess["score"] for guess in guesses]}
+        {
+            "tokens": [guess["token"] for guess in guesses],
+            "scores": [guess["score"] for guess in guesses],
+        }
         for guesses in (fill_mask(sentence, top_k=top_k) for sentence in sentences)
     ]
 
@@ -75,7 +83,8 @@ def main(request_path, report_path):
     with open(request_path, encoding="utf-8") as file:
         request = json.load(file)
     reports = {
-        name: report(folder, request["sentences"], request["top_k"]) for name, folder in request["folders"].items()
+        name: report(folder, request["sentences"], request["top_k"])
+        for name, folder in request["folders"].items()
     }
     with open(report_path, "w", encoding="utf-8") as file:
         json.dump(reports, file)
