@@ -11,11 +11,10 @@ past one machine.
 
 The pipeline writes what the single process writes, byte for byte, manifest included:
 1. Index: each input file is read once and its line breaks counted (corpus.block_starts) to find
-   where each
-   block of --rows_per_block lines starts. Counting breaks runs at memory speed, far above tokenizing.
+   where each block of --rows_per_block lines starts. Counting breaks runs at memory speed, far
+   above tokenizing.
 2. Number: the files' blocks are numbered in file order, as the single process numbers them, and
-   --limit
-   cuts the rows past it.
+   --limit cuts the rows past it.
 3. Pack: each block is read from its start, tokenized, packed and written as its own shards
    (packing.pack_block), on whichever worker the runner hands it to.
 4. Manifest: the blocks' summaries are gathered and manifest.json is written, last.
@@ -48,7 +47,7 @@ DATAFLOW = "DataflowRunner"
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Checked by the launcher, before any work
 
 
@@ -122,12 +121,13 @@ def check_dataflow(options, tokenizer, output_dir, inputs):
         )
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The pipeline's steps
 
 
 def index_file(numbered_file, rows_per_block):
-    """(file number, path) -> (file number, path, the byte offset where each of its blocks starts, lines)."""
+    """(file number, path) -> (file number, path, the byte offset where each of its blocks starts,
+    lines)."""
     number, path = numbered_file
     with open_input(path) as file:
         starts, lines = corpus.block_starts(file, rows_per_block)
@@ -159,7 +159,8 @@ def open_input(path):
 
 
 def write_whole_file(temporary, final, data):
-    """Write `data` under a temporary name, then rename it: the file appears complete or not at all."""
+    """Write `data` under a temporary name, then rename it: the file appears complete or not at
+    all."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -188,7 +189,8 @@ def load_backend(tokenizer, split_special_tokens, fingerprint):
 
 
 class PackBlock:
-    """A block spec -> the block's summary (packing.pack_block) and its row count; its shards written."""
+    """A block spec -> the block's summary (packing.pack_block) and its row count; its shards
+    written."""
 
     def __init__(
         self, tokenizer, split_special_tokens, fingerprint, split_dir, settings, batch_size
@@ -234,7 +236,7 @@ def write_manifest(packed, split_dir, settings, packing_text):
     write_whole_file(temporary_path(path), path, split_manifest.manifest_text(manifest).encode())
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Launching
 
 
@@ -275,8 +277,9 @@ def run(
             filter(None, [os.environ.get("no_grpc_proxy"), "localhost,127.0.0.1"])
         )
         quiet_beam()
-    # a remote runner's progress, and where to watch the job (Dataflow's console link), are logged
     else:
+        # a remote runner's progress, and where to watch the job (Dataflow's console link), are
+        # logged
         logging.getLogger().setLevel(logging.INFO)
     rows_per_block = settings["rows_per_block"]
     pack = PackBlock(
@@ -299,8 +302,8 @@ def run(
     with WorkerStderrHeldBack(local) as workers_stderr:
         try:
             pipeline.run().wait_until_finish()
-        # the runner wraps what a worker raised; a UsageError's sentence is in its text
         except Exception as error:
+            # the runner wraps what a worker raised; a UsageError's sentence is in its text
             found = re.search(r"UsageError: (.+)", str(error))
             if found:
                 raise UsageError(found.group(1).strip()) from None

@@ -1,31 +1,19 @@
-"""run_mlm.py's output folder, its checkpoints, and resuming a run that was interrupted.
+"""run_mlm.py's checkpoints: saved during fit(), and restored when a run is resumed.
 
-A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end,
-next to run_settings.json, the settings those step numbers belong to. Running the same command again
-resumes from the newest checkpoint: the weights, the optimizer's moments and its step count, which
-is also the position of the learning-rate schedule and of the data stream. Each epoch's row of
-training_log.csv is written after the checkpoint that ends the epoch, and a copy of it is saved just
-before that checkpoint, so that a run killed in between writes the row when it resumes: one row per
-epoch, none missing, none twice. A folder holding config.json holds a finished model, replaced only
-with --overwrite_output_dir.
+A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end.
+Running the same command again resumes from the newest checkpoint: the weights, the optimizer's
+moments and its step count, which is also the position of the learning-rate schedule and of the
+data stream. Each epoch's row of training_log.csv is written after the checkpoint that ends the
+epoch, and a copy of it is saved just before that checkpoint, so that a run killed in between writes
+the row when it resumes: one row per epoch, none missing, none twice.
 """
 
 import json
 import tempfile
 
-from . import training_logs
-from .contract import (
-    CHECKPOINT_DIR,
-    CURVES_NAME,
-    FINISHED_RUN_MARKER,
-    MODEL_CARD_NAME,
-    PYTORCH_DIR,
-    RUN_SETTINGS_NAME,
-    TENSORBOARD_DIR,
-    TRAINING_LOG_NAME,
-)
+from .contract import CHECKPOINT_DIR
 from .errors import UsageError, first_line
-from .storage import check_local_output_dir, is_remote, write_whole
+from .storage import write_whole
 from .training_logs import read_training_log, training_log_path, write_epoch_row
 
 # The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the
@@ -35,102 +23,6 @@ EPOCH_ROW_NAME = "epoch_row.json"
 
 def checkpoint_dir(output_dir):
     return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
-
-
-def check_output_dir(output_dir, overwrite_output_dir):
-    """A finished model is only replaced on request (prepare_output_dir() does it, once all input
-    checks pass).
-
-    A local --output_dir that cannot be created or written is refused here, before any work (a gs://
-    one was written to and cleaned up by storage.check_gcs_paths already).
-    """
-    import tensorflow as tf
-
-    if not is_remote(output_dir):
-        check_local_output_dir(output_dir)
-    if (
-        tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}")
-        and not overwrite_output_dir
-    ):
-        raise UsageError(
-            f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
-            "pass --overwrite_output_dir to replace it, or choose another folder."
-        )
-
-
-def run_settings(config, train_manifest, global_batch_size, total_steps, recipe):
-    """What a checkpoint's step number means: resuming under other settings would continue another
-    run.
-
-    `recipe`: the settings, by name, that shape the stream of batches and the optimizer (seed,
-    masking, shuffling, schedule).
-    """
-    architecture = {
-        key: value for key, value in config.to_dict().items() if key != "transformers_version"
-    }
-    settings = {
-        "train_records": train_manifest["records"],
-        "max_length": train_manifest["max_length"],
-        "global_batch_size": global_batch_size,
-        "total_steps": total_steps,
-        **recipe,
-        "config": architecture,
-    }
-    # as they read back from run_settings.json (JSON keys are strings)
-    return json.loads(json.dumps(settings))
-
-
-def prepare_output_dir(output_dir, overwrite_output_dir, settings):
-    """Start afresh, or check that the checkpoints there belong to this very run so they can be
-    resumed.
-
-    Replacing a finished run (--overwrite_output_dir) starts afresh: its checkpoints must not be
-    resumed, and the folder must stop looking finished at once, so that an interruption of the new
-    run is resumed when the same command runs again rather than refused. The settings of a new run
-    are recorded next to its checkpoints; resuming under other settings would continue a different
-    run, so it is refused.
-    """
-    import tensorflow as tf
-
-    output_dir = output_dir.rstrip("/")
-    folder = checkpoint_dir(output_dir)
-    path = f"{folder}/{RUN_SETTINGS_NAME}"
-
-    def start_afresh():
-        for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME, MODEL_CARD_NAME):
-            if tf.io.gfile.exists(f"{output_dir}/{name}"):
-                tf.io.gfile.remove(f"{output_dir}/{name}")
-        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's
-        # behind.
-        for old_folder in (
-            folder,
-            f"{output_dir}/{TENSORBOARD_DIR}",
-            f"{output_dir}/{PYTORCH_DIR}",
-        ):
-            if tf.io.gfile.exists(old_folder):
-                tf.io.gfile.rmtree(old_folder)
-
-    # check_output_dir() allowed replacing it
-    if tf.io.gfile.exists(f"{output_dir}/{FINISHED_RUN_MARKER}"):
-        start_afresh()
-    if tf.train.latest_checkpoint(folder) and tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as file:
-            saved = json.load(file)
-        changed = sorted(
-            key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key)
-        )
-        if not changed:
-            return
-        if not overwrite_output_dir:
-            raise UsageError(
-                f"--output_dir {output_dir} holds checkpoints of a run with other settings "
-                f"({', '.join(changed)} differ), so resuming them would not continue that run; "
-                "rerun its exact command, choose another folder, or pass --overwrite_output_dir "
-                "to start afresh."
-            )
-        start_afresh()
-    tf.io.gfile.makedirs(folder)
-    write_whole(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
@@ -163,7 +55,7 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
 
 
 def log_epoch_of_checkpoint(output_dir, step):
-    """Write the row of the epoch that the checkpoint of `step` ends, if training_log.csv lacks it."""
+    """Write the row of the epoch the checkpoint of `step` ends, if training_log.csv lacks it."""
     import tensorflow as tf
 
     path = f"{checkpoint_dir(output_dir)}/{EPOCH_ROW_NAME}"
@@ -254,51 +146,3 @@ def checkpoint_callback(manager, save_steps, training_log=None):
                 write_epoch_row(training_log, epoch, dict(logs or {}))
 
     return SaveCheckpoints()
-
-
-def fit_segments(start_step, total_steps, steps_per_epoch, phase_end=0):
-    """The fit() calls that run optimizer steps start_step .. total_steps, as (first step, epoch,
-    epochs, steps).
-
-    fit() counts in epochs of equal length, and with --steps_per_execution > 1 a callback can only
-    stop it between executions, so a run that starts or ends mid-epoch (a resumed run, a
-    --max_steps) would overshoot. Instead a partial epoch gets a fit() call of its own and whole
-    epochs share one. No call runs across `phase_end` (the end of the sequence-length warmup), where
-    the shape of the batches changes: the epoch around it is fit in two calls, and each ends with an
-    evaluation and a checkpoint.
-    """
-    segments, step = [], start_step
-    while step < total_steps:
-        end = phase_end if step < phase_end < total_steps else total_steps
-        epoch, offset = divmod(step, steps_per_epoch)
-        if offset == 0 and end - step >= steps_per_epoch:
-            segments.append((step, epoch, (end - step) // steps_per_epoch, steps_per_epoch))
-        else:
-            segments.append((step, epoch, 1, min(steps_per_epoch - offset, end - step)))
-        step += segments[-1][2] * segments[-1][3]
-    return segments
-
-
-def fit_callbacks(
-    output_dir, save_steps, logging_steps, chief, pusher, manager, total_steps, tokens_per_step
-):
-    """What run_mlm.py's fit() does besides the steps, through Keras callbacks.
-
-    A checkpoint every `save_steps` optimizer steps and at every epoch end
-    (<output_dir>/checkpoints): the weights, the optimizer's moments and its step count, which is
-    also the position of the learning-rate schedule and of the data stream, so a rerun of the same
-    command resumes exactly there. TensorBoard scalars (<output_dir>/logs): every `logging_steps`
-    steps the training loss and accuracies over those steps, the learning rate and tokens per
-    second; after each epoch the evaluation figures and perplexity. On the chief alone: each epoch
-    as a row of training_log.csv, written once the epoch's checkpoint is saved, and a Hub snapshot
-    pushed in the background by `pusher` (hub.HubPusher, or None).
-    """
-    # first: it completes the epoch's logs
-    callbacks = [training_logs.epoch_summary_callback()] if chief else []
-    if pusher is not None:
-        callbacks.append(pusher.epoch_end_callback(total_steps))
-    callbacks.append(
-        training_logs.tensorboard_callback(output_dir, logging_steps, tokens_per_step, chief)
-    )
-    training_log = training_log_path(output_dir) if chief else None
-    return callbacks + [checkpoint_callback(manager, save_steps, training_log)]

@@ -1,18 +1,20 @@
 """The file contract between the three scripts: what each writes, under which names, and how the
 next reads it.
 
-    train_unigram.py --output_dir TOK    -> TOK/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    train_unigram.py --output_dir TOK
+        -> TOK/tokenizer.json, tokenizer_config.json, special_tokens_map.json
     prepare_tfrecord_shards.py ... --output_dir SHARDS --split S
-                                         -> SHARDS/S/<S>-<block>-<shard>-<records>.tfrecord (one tf.train.Example
-                                            per sequence: "input_ids", int64 x max_length), then SHARDS/S/manifest.json
+        -> SHARDS/S/<S>-<block>-<shard>-<records>.tfrecord (one tf.train.Example per sequence:
+           "input_ids", int64 x max_length), then SHARDS/S/manifest.json
     run_mlm.py --train_dataset SHARDS/train --tokenizer TOK --output_dir MODEL
-                                         -> MODEL/config.json (last), tf_model.h5, tokenizer files, pytorch/,
-                                            README.md, training_log.csv, training_curves.png, logs/, checkpoints/
+        -> MODEL/config.json (last), tf_model.h5, tokenizer files, pytorch/, README.md,
+           training_log.csv, training_curves.png, logs/, checkpoints/
 
 The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key
 from here.
 """
 
+import contextlib
 import json
 import os
 import tempfile
@@ -35,7 +37,8 @@ MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 
 
 def split_dir(output_dir, split):
-    """Where prepare writes a split, and what run_mlm's --train_dataset / --eval_dataset then name."""
+    """Where prepare writes a split, and what run_mlm's --train_dataset / --eval_dataset then
+    name."""
     return f"{output_dir.rstrip('/')}/{split}"
 
 
@@ -173,7 +176,8 @@ SHARD_LOOKUPS_AT_ONCE = 32
 
 
 def shard_sizes(files):
-    """{path: size in bytes, or None when missing}, one stat() per shard, SHARD_LOOKUPS_AT_ONCE at a time."""
+    """{path: size in bytes, or None when missing}, one stat() per shard, SHARD_LOOKUPS_AT_ONCE at
+    a time."""
     import tensorflow as tf
 
     def size(path):
@@ -246,7 +250,8 @@ def count_records(path):
 
 
 def find_corrupt_shard(files):
-    """The first shard that cannot be read to its end: TF's corruption error does not name the file."""
+    """The first shard that cannot be read to its end: TF's corruption error does not name the
+    file."""
     import tensorflow as tf
 
     for path in files:
@@ -290,13 +295,19 @@ def read_training_manifests(
     return train, evaluation
 
 
-def corrupt_shard_error(error, manifests, output_dir):
-    """A shard that training found corrupt (TF's DataLossError), as a UsageError that names it: TF's does not."""
-    corrupt = find_corrupt_shard(
-        [name for manifest in manifests if manifest for name in manifest["files"]]
-    )
-    return UsageError(
-        f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun "
-        "prepare_tfrecord_shards.py, then run_mlm.py's command again: it resumes from the newest "
-        f"checkpoint in {output_dir}."
-    )
+@contextlib.contextmanager
+def corrupt_shards_named(manifests, output_dir):
+    """Inside: a shard that training finds corrupt (TF's DataLossError, which does not say which)
+    becomes a UsageError that names it and says what to do."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.DataLossError as error:
+        files = [name for manifest in manifests if manifest for name in manifest["files"]]
+        corrupt = find_corrupt_shard(files)
+        raise UsageError(
+            f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun "
+            "prepare_tfrecord_shards.py, then run_mlm.py's command again: it resumes from the "
+            f"newest checkpoint in {output_dir}."
+        ) from None

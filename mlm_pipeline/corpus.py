@@ -43,7 +43,8 @@ NOT_TEXT = (
 
 
 def local_format(path):
-    """The datasets builder that reads `path`: json, csv or parquet by extension, "text" for anything else."""
+    """The datasets builder that reads `path`: json, csv or parquet by extension, "text" for
+    anything else."""
     return TABULAR_FORMATS.get(os.path.splitext(path)[1].lower(), "text")
 
 
@@ -125,7 +126,8 @@ def has_glob(path):
 
 
 def open_binary(path):
-    """A corpus file opened to read bytes: a local path with open(), gs:// with TensorFlow's file system."""
+    """A corpus file opened to read bytes: a local path with open(), gs:// with TensorFlow's file
+    system."""
     if storage.is_remote(path):
         import tensorflow as tf
 
@@ -253,20 +255,22 @@ def load_split(split, path, dataset_name, dataset_config, trust_remote_code=Fals
         return datasets.load_dataset(
             dataset_name, dataset_config, split=split, streaming=streaming, **extra
         )
-    # datasets raises many kinds; the user needs the source and the first reason
     except Exception as error:
+        # datasets raises many kinds; the user needs the source and the first reason
         raise UsageError(cannot_read(path or f"{dataset_name}/{dataset_config}", error)) from None
 
 
 def dataset_column(dataset, text_column, batch_size):
-    """The `text_column` of every row, read in Arrow batches; a streamed dataset knows its columns only then."""
+    """The `text_column` of every row, read in Arrow batches; a streamed dataset knows its columns
+    only then."""
     for table in dataset.with_format("arrow").iter(batch_size=batch_size):
         check_text_column(text_column, table.column_names)
         yield from table.column(text_column).to_pylist()
 
 
 def reading_errors_as_usage_errors(rows, source):
-    """The rows; a streamed source fails while it is read (bad encoding, malformed JSON), not when opened."""
+    """The rows; a streamed source fails while it is read (bad encoding, malformed JSON), not when
+    opened."""
     iterator = iter(rows)
     while True:
         try:

@@ -41,7 +41,8 @@ def tf_error_text(error):
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line that points at --help instead of the whole usage block."""
+    """argparse, but a bad flag is one line that points at --help instead of the whole usage
+    block."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -11,12 +11,17 @@ import json
 import os
 
 from .errors import UsageError
+from .tf_startup import installed_as_tpu_build
 
-TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}'
+TF_CONFIG_EXAMPLE = (
+    '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+    '"task": {"type": "worker", "index": 0}}'
+)
 
 
 def multi_worker_resolver():
-    """The cluster from TF_CONFIG, checked: a worker that guesses its place would wait forever for the others."""
+    """The cluster from TF_CONFIG, checked: a worker that guesses its place would wait forever for
+    the others."""
     import tensorflow as tf
 
     text = os.environ.get("TF_CONFIG")
@@ -39,6 +44,38 @@ def multi_worker_resolver():
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
+def check_hardware_flags(no_tpu, multi_worker, cpu_replicas, jit_compile):
+    """run_mlm.py's hardware flags that cannot go together, refused in one line before any work."""
+    if cpu_replicas > 1 and (multi_worker or not no_tpu):
+        raise UsageError(f"--cpu_replicas {cpu_replicas} splits this CPU: it needs --no_tpu alone.")
+    if cpu_replicas > 1 and jit_compile:
+        raise UsageError(
+            f"--jit_compile cannot be combined with --cpu_replicas {cpu_replicas}: XLA on the CPU "
+            "cannot reach variables placed on another logical device; run the two separately."
+        )
+    if jit_compile and no_tpu and installed_as_tpu_build():
+        raise UsageError(
+            "--jit_compile with --no_tpu needs XLA's CPU or GPU compiler, which TensorFlow's TPU "
+            "build (tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each "
+            "step with XLA), or install requirements.txt to compile on the CPU."
+        )
+
+
+def strategy_without_tpu(multi_worker=False, cpu_replicas=1):
+    """MultiWorkerMirroredStrategy over a cluster of machines (each told its place by TF_CONFIG),
+    MirroredStrategy over every visible GPU (narrow with CUDA_VISIBLE_DEVICES) or over
+    `cpu_replicas` logical CPUs (to rehearse a TPU's replicas), else the default strategy."""
+    import tensorflow as tf
+
+    if multi_worker:
+        return tf.distribute.MultiWorkerMirroredStrategy(multi_worker_resolver())
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    if cpu_replicas > 1:
+        return tf.distribute.MirroredStrategy(logical_cpus(cpu_replicas))
+    return tf.distribute.get_strategy()
+
+
 def is_chief(strategy):
     """Whether this process writes: the chief of a cluster (worker 0 when there is no chief), or the
     only process there is. The other workers train in lockstep and keep their hands off the output.
@@ -47,7 +84,8 @@ def is_chief(strategy):
 
 
 def input_pipeline_count(strategy):
-    """How many input pipelines read the data: one per host (a TPU pod slice's hosts, a cluster's workers)."""
+    """How many input pipelines read the data: one per host (a TPU pod slice's hosts, a cluster's
+    workers)."""
     import tensorflow as tf
 
     if isinstance(strategy, tf.distribute.TPUStrategy):
@@ -107,57 +145,51 @@ def logical_cpus(count):
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
-def distribute(strategy, pipeline_dataset, train_manifest, eval_manifest, per_replica_batch_size):
-    """The datasets of every host: each input pipeline reads shard files of its own and batches for
-    the replicas of its host, through `strategy.distribute_datasets_from_function`.
+class InputPlan:
+    """Which shard files each host's input pipeline reads, and how it batches, for one split.
 
-    `pipeline_dataset(files=, batch_size=, training=, batches_per_epoch=, pipeline=, start_epoch=,
-    start_batch=)` builds one pipeline's dataset (run_mlm.py's build_dataset). Returns the steps of
-    an epoch, `train_dataset_from(step, **options)` (the training stream from that optimizer step
-    on; `options` go to `pipeline_dataset` unchanged), the evaluation dataset and its steps (None
-    and 0 without evaluation shards).
+    `steps_per_epoch`: the optimizer steps of one pass. `pipeline_inputs(context, start_step)` gives
+    the named values of one pipeline's dataset (run_mlm.py's build_dataset) for the
+    `tf.distribute.InputContext` that `strategy.distribute_datasets_from_function` hands it: its
+    files, its per-replica batch size, its batches per epoch, its number (for its own random draws)
+    and where in the stream to start.
     """
-    replicas = strategy.num_replicas_in_sync
-    global_batch_size = per_replica_batch_size * replicas
-    pipelines = input_pipeline_count(strategy)
-    plans = {}
-    splits = (
-        ("train", "--train_dataset", train_manifest),
-        ("eval", "--eval_dataset", eval_manifest),
-    )
-    for split, flag, manifest in splits:
-        if manifest is None:
-            continue
-        plans[split] = split_between_pipelines(
-            manifest, flag, pipelines, global_batch_size // pipelines
+
+    def __init__(self, strategy, manifest, flag, per_replica_batch_size):
+        self.replicas = strategy.num_replicas_in_sync
+        self.global_batch_size = per_replica_batch_size * self.replicas
+        self.pipelines = input_pipeline_count(strategy)
+        self.files, self.steps_per_epoch = split_between_pipelines(
+            manifest, flag, self.pipelines, self.global_batch_size // self.pipelines
         )
-        if plans[split][1] == 0:
-            across = f" split between {pipelines} hosts" if pipelines > 1 else ""
+        if self.steps_per_epoch == 0:
+            across = f" split between {self.pipelines} hosts" if self.pipelines > 1 else ""
+            split = "train" if flag == "--train_dataset" else "eval"
             raise UsageError(
-                f"the global batch of {global_batch_size} sequences ({per_replica_batch_size} x "
-                f"{replicas} replicas) is larger than the {manifest['records']} {split} "
-                f"sequences{across}; lower --per_replica_batch_size or add data."
+                f"the global batch of {self.global_batch_size} sequences "
+                f"({per_replica_batch_size} x {self.replicas} replicas) is larger than the "
+                f"{manifest['records']} {split} sequences{across} of {flag}; lower "
+                "--per_replica_batch_size or add data."
             )
 
-    def datasets(split, training, start_epoch=0, steps_into_epoch=0, **options):
-        files, steps = plans[split]
+    def pipeline_inputs(self, context, start_step=0):
         # each pipeline yields one batch per replica of its host per step
-        per_pipeline = replicas // pipelines
-        return strategy.distribute_datasets_from_function(
-            lambda context: pipeline_dataset(
-                files=files[context.input_pipeline_id],
-                batch_size=context.get_per_replica_batch_size(global_batch_size),
-                training=training,
-                batches_per_epoch=steps * per_pipeline,
-                pipeline=context.input_pipeline_id,
-                start_epoch=start_epoch,
-                start_batch=steps_into_epoch * per_pipeline,
-                **options,
-            )
+        per_pipeline = self.replicas // self.pipelines
+        start_epoch, steps_into_epoch = divmod(start_step, self.steps_per_epoch)
+        return dict(
+            files=self.files[context.input_pipeline_id],
+            batch_size=context.get_per_replica_batch_size(self.global_batch_size),
+            batches_per_epoch=self.steps_per_epoch * per_pipeline,
+            pipeline=context.input_pipeline_id,
+            start_epoch=start_epoch,
+            start_batch=steps_into_epoch * per_pipeline,
         )
 
-    def train_dataset_from(step, **options):
-        return datasets("train", True, *divmod(step, plans["train"][1]), **options)
 
-    evaluation = (datasets("eval", False), plans["eval"][1]) if "eval" in plans else (None, 0)
-    return plans["train"][1], train_dataset_from, *evaluation
+def input_plans(strategy, manifests, per_replica_batch_size):
+    """The InputPlans of the train and evaluation splits (None without evaluation shards)."""
+    flags = ("--train_dataset", "--eval_dataset")
+    return [
+        InputPlan(strategy, manifest, flag, per_replica_batch_size) if manifest else None
+        for manifest, flag in zip(manifests, flags)
+    ]

@@ -15,7 +15,6 @@ import time
 
 from .contract import CURVES_NAME, MODEL_CARD_NAME
 from .errors import UsageError, first_line
-from .model_folder import write_model_files
 from .storage import is_remote
 
 # Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's
@@ -24,6 +23,14 @@ from .storage import is_remote
 # costs a push by hand. An hour still bounds what a stuck upload costs: the accelerator stays
 # reserved, idle, for as long as the run waits.
 FINAL_PUSH_TIMEOUT = 3600
+
+
+def check_hub_flags(hub_model_id, hub_private, example):
+    """--hub_model_id (checked offline, as check_hub_model_id does) and --hub_private with it."""
+    if hub_private and not hub_model_id:
+        raise UsageError(f"--hub_private needs --hub_model_id (e.g. {example}).")
+    if hub_model_id is not None:
+        check_hub_model_id(hub_model_id, example)
 
 
 def check_hub_model_id(repo_id, example):
@@ -114,10 +121,11 @@ class HubPusher:
     last.
 
     Every push is one commit of a snapshot folder laid out as run_mlm.py saves the model:
-    config.json and tf_model.h5, the tokenizer, the PyTorch copy in pytorch/ (unless `pytorch_copy`
-    is false) and the model card, whose text `card(trainer, metrics)` gives (`trainer`: run_mlm.py's
-    Keras trainer, its model in `trainer.masked_lm`). The repository is created, or found, when the
-    pusher is made, so a wrong id or a missing login stops the run before anything is built or
+    `save_model(folder, masked_lm)` writes the model files (run_mlm.py's save_model: the model, its
+    tokenizer, the PyTorch copy), and `card(trainer, metrics)` the model card's text (`trainer`:
+    run_mlm.py's Keras trainer, its model in `trainer.masked_lm`). The repository is created, or
+    found, when the pusher is made, so a wrong id or a missing login stops the run before anything
+    is built or
     written.
 
     During training, push_in_background() writes a snapshot to a local staging folder on the
@@ -136,8 +144,7 @@ class HubPusher:
         repo_id,
         private,
         output_dir,
-        tokenizer,
-        pytorch_copy,
+        save_model,
         card,
         push_timeout=FINAL_PUSH_TIMEOUT,
     ):
@@ -146,12 +153,7 @@ class HubPusher:
 
         self.repo_id = open_repository(repo_id, private, leave_out="--hub_model_id")
         self.api = HfApi()
-        self.output_dir, self.tokenizer, self.pytorch_copy, self.card = (
-            output_dir,
-            tokenizer,
-            pytorch_copy,
-            card,
-        )
+        self.output_dir, self.save_model, self.card = output_dir, save_model, card
         self.push_timeout = push_timeout
         # set when push_final() stops waiting: an upload that ends after that stays silent
         self.given_up = False
@@ -167,13 +169,14 @@ class HubPusher:
         return self.upload is not None and self.upload.is_alive()
 
     def write_snapshot(self, folder, trainer, card_text):
-        """What a push publishes: the model, its tokenizer and the card, laid out as model_folder.save() does."""
-        write_model_files(folder, trainer.masked_lm, self.tokenizer, self.pytorch_copy)
+        """What a push publishes: the model files as run_mlm.py saves them, and the card."""
+        self.save_model(folder, trainer.masked_lm)
         with open(os.path.join(folder, MODEL_CARD_NAME), "w", encoding="utf-8") as file:
             file.write(card_text)
 
     def push_in_background(self, trainer, metrics, message):
-        """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True if started."""
+        """Start uploading a snapshot of `trainer`'s model unless the previous push still runs; True
+        if started."""
         if self.uploading():
             return False
         # removed at exit too, should the run fail
@@ -276,12 +279,14 @@ class HubPusher:
         )
 
     def give_up(self, what_happened):
-        """Stop waiting for a stuck upload: its daemon thread is left to the exit, silent from now on."""
+        """Stop waiting for a stuck upload: its daemon thread is left to the exit, silent from now
+        on."""
         self.given_up = True
         return self.push_later(f"{what_happened} {self.push_timeout} s (--hub_push_timeout)")
 
     def push_later(self, what_happened):
-        """The one line for a final push that did not happen: the model is saved, and how to push it by hand."""
+        """The one line for a final push that did not happen: the model is saved, and how to push
+        it by hand."""
         local_copy = " (from a local copy)" if is_remote(self.output_dir) else ""
         return UsageError(
             f"the model is saved in {self.output_dir}, but pushing it to --hub_model_id "

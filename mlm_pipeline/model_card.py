@@ -32,14 +32,16 @@ def public_name(path):
 
 
 def metadata_block(**fields):
-    """The card's front matter: `---`, the YAML of huggingface_hub.ModelCardData(**fields), `---`."""
+    """The card's front matter: `---`, the YAML of huggingface_hub.ModelCardData(**fields),
+    `---`."""
     from huggingface_hub import ModelCardData
 
     return f"---\n{ModelCardData(**fields).to_yaml()}\n---"
 
 
 def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
-    """A short README.md for a tokenizer trained by train_unigram.py on `source` (`counts`: rows and texts read)."""
+    """A short README.md for a tokenizer trained by train_unigram.py on `source` (`counts`: rows
+    and texts read)."""
     special = ", ".join(
         f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in special_tokens
     )

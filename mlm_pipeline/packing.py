@@ -20,7 +20,7 @@ import numpy as np
 
 from .contract import FEATURE_NAME, shard_name, temporary_shard_name
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tokenizing
 
 
@@ -51,13 +51,14 @@ def concatenate_ids(per_text):
 
 
 def text_batches(rows, batch_size):
-    """Lists of up to `batch_size` of the rows' non-blank texts (a row may be None, or blank: it has none)."""
+    """Lists of up to `batch_size` of the rows' non-blank texts (a row may be None, or blank: it
+    has none)."""
     texts = (text for text in rows if text is not None and text.strip())
     while batch := list(itertools.islice(texts, batch_size)):
         yield batch
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # tf.train.Example records, encoded with numpy
 
 
@@ -121,12 +122,13 @@ def serialize_examples(sequences):
     ]
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # TFRecord files
 
 
 def masked_crc32c(data):
-    """TFRecord's checksum: CRC-32C, rotated and offset so that a CRC of CRCs does not degenerate."""
+    """TFRecord's checksum: CRC-32C, rotated and offset so that a CRC of CRCs does not
+    degenerate."""
     import google_crc32c
 
     crc = google_crc32c.value(data)

@@ -41,7 +41,8 @@ def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
 
 
 def check_pytorch_export(config):
-    """Refuse before training a config whose PyTorch copy would be unverified or a different model."""
+    """Refuse before training a config whose PyTorch copy would be unverified or a different
+    model."""
     if config.model_type not in PYTORCH_EXPORT_MODEL_TYPES:
         raise UsageError(
             f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for "

@@ -4,13 +4,13 @@ a run killed at any moment leaves nothing a later step could mistake for a finis
 The folder (local or gs://) holds shards, `<split>-<block>-<shard>-<records>.tfrecord`, and, once
 the split is finished, manifest.json. The rules:
 - manifest.json is written last, under a temporary name first and then renamed, so it appears whole
-  or not
-  at all; without it the folder is unfinished, and run_mlm.py refuses it.
+  or not at all; without it the folder is unfinished, and run_mlm.py refuses it.
 - A finished split is replaced only with --overwrite_output_dir. An unfinished one (shards without a
-  manifest: a run that was killed, or a Beam pipeline that failed) is leftovers: the next run clears it.
+  manifest: a run that was killed, or a Beam pipeline that failed) is leftovers: the next run clears
+  it.
 - A run clears the folder just before its first shard (the Beam launcher: before the pipeline
-  starts), so
-  that input refused before then leaves an existing split untouched. A run that fails removes what it wrote.
+  starts), so that input refused before then leaves an existing split untouched. A run that fails
+  removes what it wrote.
 """
 
 import os

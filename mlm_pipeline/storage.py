@@ -40,7 +40,8 @@ def write_whole(path, text):
 
 
 def check_local_output_dir(output_dir, flag="--output_dir"):
-    """The nearest existing folder of a local path must be a folder, and writable, so the path can be made."""
+    """The nearest existing folder of a local path must be a folder, and writable, so the path can
+    be made."""
     existing = os.path.abspath(output_dir)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -73,7 +74,8 @@ GCS_PROBE_CODE = """
 import json, sys, uuid
 import tensorflow as tf
 def report(path, step, error, message, left=None):
-    print(json.dumps({"path": path, "step": step, "error": error, "message": message, "left": left}))
+    fields = {"path": path, "step": step, "error": error, "message": message}
+    print(json.dumps({**fields, "left": left}))
     sys.exit()
 for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
     try:
@@ -90,7 +92,8 @@ for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
         continue
     probe = path.rstrip("/") + "/" + sys.argv[1] + uuid.uuid4().hex
     try:
-        with tf.io.gfile.GFile(probe, "w") as file:  # uploaded on close: an error must surface here, not in __del__
+        # uploaded on close: an error must surface here, not in __del__
+        with tf.io.gfile.GFile(probe, "w") as file:
             file.write("write check")
     except tf.errors.OpError as error:
         report(path, "create", type(error).__name__, str(error))
@@ -167,7 +170,8 @@ UNREACHABLE_ADVICE = "check the network (and HTTPS_PROXY, if you use a proxy), o
 
 
 def probe_failure(failure, flag):
-    """The UsageError for what the probe reported: which step failed at `flag`'s path, why, and what to do."""
+    """The UsageError for what the probe reported: which step failed at `flag`'s path, why, and
+    what to do."""
     path, step = failure["path"], failure["step"]
     where = f"{flag} {path}"
     if failure["error"] == "NoSuchBucket":
@@ -211,7 +215,8 @@ def probe_failure(failure, flag):
 
 
 def gcs_failure_reason(message):
-    """TensorFlow's error for a failed request, shortened to what went wrong (libcurl's words, not its code)."""
+    """TensorFlow's error for a failed request, shortened to what went wrong (libcurl's words, not
+    its code)."""
     text = message.strip().splitlines()[0] if message.strip() else "no details"
     text = re.sub(r"^All \d+ retry attempts failed\. The last failure: ", "", text)
     details = re.search(r"error details: (.+)", text)

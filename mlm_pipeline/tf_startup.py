@@ -24,7 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 @functools.lru_cache(maxsize=None)
 def installed_as_tpu_build():
-    """Whether TensorFlow is installed as the distribution "tensorflow-tpu" alone (requirements-tpu.txt)."""
+    """Whether TensorFlow is installed as the distribution "tensorflow-tpu" alone
+    (requirements-tpu.txt)."""
     from importlib import metadata
 
     def installed(name):
@@ -71,7 +72,8 @@ def tensorflow_startup_log_held_back():
 
 
 def hide_transformers_tf_deprecation():
-    """transformers 4.57 warns, once per model, that its TF classes leave in v5; the README says so once."""
+    """transformers 4.57 warns, once per model, that its TF classes leave in v5; the README says so
+    once."""
     logging.getLogger("transformers.modeling_tf_utils").addFilter(
         lambda record: "TensorFlow and JAX classes are deprecated" not in record.getMessage()
     )

@@ -1,10 +1,7 @@
-"""What run_mlm.py reports: its accuracy metrics, TensorBoard scalars, the CSV log, the curves PNG,
-the summary line.
+"""What run_mlm.py reports as it trains: TensorBoard scalars, the CSV log, the curves PNG, the
+summary line (the metrics themselves are in metrics.py).
 
-Every figure counts the masked positions only. `position_accuracy()` is top-1 accuracy over the
-positions a boolean mask selects (every labelled position, or those whose input was [MASK]);
-`top_token_share()` is the share of predictions taken by the most predicted token, near 1 when the
-model has collapsed onto one answer. Each epoch's figures go to <output_dir>/training_log.csv (one
+Each epoch's figures go to <output_dir>/training_log.csv (one
 row per epoch, across resumed runs; checkpoints.py decides when a row is written) and, with the
 learning rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
 <output_dir>/training_curves.png and one summary line.
@@ -17,55 +14,6 @@ import time
 
 from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
 from .storage import write_whole
-
-
-def position_accuracy(name):
-    """A Keras metric: top-1 accuracy over the positions a boolean `scored` tensor selects."""
-    import tensorflow as tf
-    import tf_keras
-
-    class PositionAccuracy(tf_keras.metrics.Metric):
-        def __init__(self, **kwargs):
-            super().__init__(name=name, **kwargs)
-            self.correct = self.add_weight(name="correct", initializer="zeros", dtype=tf.float32)
-            self.total = self.add_weight(name="total", initializer="zeros", dtype=tf.float32)
-
-        def update_state(self, labels, predictions, scored):
-            hits = scored & tf.equal(predictions, labels)
-            self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
-            self.total.assign_add(tf.reduce_sum(tf.cast(scored, tf.float32)))
-
-        def result(self):
-            return tf.math.divide_no_nan(self.correct, self.total)
-
-    return PositionAccuracy()
-
-
-def top_token_share(vocab_size):
-    """A Keras metric: the share of the predictions taken by the single most predicted token."""
-    import tensorflow as tf
-    import tf_keras
-
-    class TopTokenShare(tf_keras.metrics.Metric):
-        def __init__(self, **kwargs):
-            super().__init__(name="top_token_share", **kwargs)
-            self.counts = self.add_weight(
-                name="counts", shape=(vocab_size,), initializer="zeros", dtype=tf.float32
-            )
-
-        def update_state(self, predictions, scored):
-            ones = tf.cast(scored, tf.float32)
-            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU
-            # too.
-            self.counts.assign_add(tf.math.unsorted_segment_sum(ones, predictions, vocab_size))
-
-        def result(self):
-            return tf.math.divide_no_nan(tf.reduce_max(self.counts), tf.reduce_sum(self.counts))
-
-        def reset_state(self):
-            self.counts.assign(tf.zeros_like(self.counts))
-
-    return TopTokenShare()
 
 
 def epoch_summary_callback():
@@ -98,7 +46,7 @@ def training_log_path(output_dir):
 
 
 def read_training_log(path):
-    """The columns and rows (dicts of strings) of a training_log.csv; ([], []) before its first row."""
+    """The columns and rows (dicts of strings) of a training_log.csv; ([], []) before any row."""
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
@@ -142,17 +90,6 @@ def last_logged_epoch(path):
         name: [int(value) if value.lstrip("-").isdigit() else float(value)]
         for name, value in numbers.items()
     }
-
-
-def steps_in_epochs(total_steps, steps_per_epoch):
-    """'1,500 steps = 2.31 epochs of 650 steps': how far a run's steps take it through the data."""
-    epochs = total_steps / steps_per_epoch
-    count = (
-        f"{epochs:.0f} epoch{'s' if epochs != 1 else ''}"
-        if epochs.is_integer()
-        else f"{epochs:.2f} epochs"
-    )
-    return f"{total_steps:,} steps = {count} of {steps_per_epoch:,} steps"
 
 
 def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True):
@@ -299,7 +236,7 @@ def plot_curves(log_dir, path):
 
 
 def summary_line(steps, tokens_per_step, logs, minutes):
-    """One line that says how the run ended; the evaluation figures appear when there was evaluation data."""
+    """One line that says how the run ended, with the evaluation figures if there were any."""
     parts = [f"{steps:,} steps", f"{steps * tokens_per_step:,} tokens seen"]
     final = {name: values[-1] for name, values in logs.items() if values}
     if "val_loss" in final:

@@ -1,0 +1,145 @@
+"""What run_mlm.py's run does around fit(), on the chief and on the other workers: the output
+folder made ready, resuming, the callbacks (checkpoints, logs, Hub snapshots), and the run's end.
+
+One process writes (the chief: the only process there is, or worker 0 of a cluster); the others
+train in lockstep and keep their hands off the output folder. run_mlm.py saves the model itself
+(`save_pretrained`), between `fit()` and `TrainingRun.finish()`.
+"""
+
+import functools
+import time
+
+from . import (
+    checkpoints,
+    hosts,
+    hub,
+    model_card,
+    model_folder,
+    output_folder,
+    segments,
+    training_logs,
+)
+
+
+class TrainingRun:
+    """Made before the model. The Hub repository is opened first (an unusable Hub stops the run
+    now), then the chief starts the output folder afresh or checks that its checkpoints belong to
+    this run (output_folder.resume_settings()), and every worker waits for it.
+
+    `recipe`: the settings that shape the batches and the optimizer (a resumed run must have the
+    same); the model card also shows `card_settings` and `paths`. `save_model(folder,
+    masked_lm)` writes the model files of a Hub snapshot; `hub_model_id` None: no pushes.
+    """
+
+    def __init__(
+        self,
+        strategy,
+        config,
+        tokenizer,
+        manifests,
+        plan,
+        total_steps,
+        save_model,
+        recipe,
+        card_settings,
+        paths,
+        output_dir,
+        overwrite_output_dir=False,
+        hub_model_id=None,
+        hub_private=False,
+        hub_push_timeout=hub.FINAL_PUSH_TIMEOUT,
+    ):
+        self.strategy, self.plan, self.output_dir = strategy, plan, output_dir
+        self.total_steps = total_steps
+        self.max_length = manifests[0]["max_length"]
+        self.tokens_per_step = plan.global_batch_size * self.max_length
+        # card(trainer, metrics): the model card after the steps `trainer` has taken so far
+        self.card = functools.partial(
+            model_card.model_card,
+            config,
+            tokenizer,
+            manifests,
+            plan.global_batch_size,
+            (total_steps, plan.steps_per_epoch),
+            paths=paths,
+            recipe={**recipe, **card_settings},
+        )
+        self.chief = hosts.is_chief(strategy)
+        self.pusher = None
+        if hub_model_id and self.chief:
+            self.pusher = hub.HubPusher(
+                hub_model_id, hub_private, output_dir, save_model, self.card, hub_push_timeout
+            )
+        if self.chief:
+            settings = output_folder.resume_settings(
+                config, manifests[0], plan.global_batch_size, total_steps, recipe
+            )
+            output_folder.prepare_output_dir(output_dir, overwrite_output_dir, settings)
+        # nobody reads the checkpoints while the chief may still be clearing them
+        hosts.wait_for_every_worker(strategy)
+        self.started = time.perf_counter()
+
+    def resume(self, masked_lm, optimizer, save_total_limit):
+        """The optimizer step to start at: that of the newest checkpoint in the output folder, or 0.
+
+        A worker that is not the chief saves its checkpoints (it may take part in collective ops)
+        into a scratch folder of its own, removed at the end."""
+        self.manager, self.start_step = checkpoints.restore_checkpoint(
+            self.output_dir, masked_lm, optimizer, keep=save_total_limit, chief=self.chief
+        )
+        print(
+            f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters) on "
+            f"{self.strategy.num_replicas_in_sync} replica(s) of {type(self.strategy).__name__}: "
+            f"{segments.steps_in_epochs(self.total_steps, self.plan.steps_per_epoch)}, batches of "
+            f"{self.plan.global_batch_size} x {self.max_length} tokens."
+        )
+        if self.start_step:
+            checkpoint, step = self.manager.latest_checkpoint, self.start_step
+            print(f"Resuming from {checkpoint} at step {step} of {self.total_steps}.")
+        if not self.chief:
+            self.manager = checkpoints.scratch_manager(self.manager)
+        return self.start_step
+
+    def callbacks(self, save_steps, logging_steps):
+        """fit()'s callbacks besides the steps.
+
+        A checkpoint every `save_steps` optimizer steps and at every epoch end; TensorBoard scalars
+        every `logging_steps` steps and after each epoch. On the chief alone: each epoch as a row of
+        training_log.csv, written once the epoch's checkpoint is saved, and a Hub snapshot pushed in
+        the background.
+        """
+        # the epoch summary first: it completes the epoch's logs the others read
+        callbacks = [training_logs.epoch_summary_callback()] if self.chief else []
+        if self.pusher is not None:
+            callbacks.append(self.pusher.epoch_end_callback(self.total_steps))
+        callbacks.append(
+            training_logs.tensorboard_callback(
+                self.output_dir, logging_steps, self.tokens_per_step, self.chief
+            )
+        )
+        training_log = training_logs.training_log_path(self.output_dir) if self.chief else None
+        callbacks.append(checkpoints.checkpoint_callback(self.manager, save_steps, training_log))
+        return callbacks
+
+    def finish(self, trainer, logs):
+        """After fit() and the chief's save: the card and curves beside the model, a summary line,
+        the final Hub push; a worker removes its scratch checkpoints. Returns the final logs."""
+        import tensorflow as tf
+
+        steps = int(trainer.optimizer.iterations.numpy())
+        if not self.chief:
+            tf.io.gfile.rmtree(self.manager.directory)
+            print(f"Worker done after {steps} steps; the chief saves the model.")
+            return logs
+        # a run resumed at its last step trained no epoch: it reports the last one logged
+        logs = logs or training_logs.last_logged_epoch(
+            training_logs.training_log_path(self.output_dir)
+        )
+        final_card = self.card(trainer, {key: values[-1] for key, values in logs.items()})
+        model_folder.add_card_and_curves(self.output_dir, final_card)
+        minutes = (time.perf_counter() - self.started) / 60
+        summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes)
+        print(summary + (f" (resumed at step {self.start_step})" if self.start_step else ""))
+        if self.pusher is not None:
+            self.pusher.push_final(trainer, final_card, f"Final model: {steps} steps")
+        return logs
