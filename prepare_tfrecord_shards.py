@@ -1,13 +1,11 @@
 #!/usr/bin/env python
-"""Step 2 of 3: tokenize a text split, pack it into fixed-length sequences and write TFRecord
-shards.
+"""Step 2 of 3: tokenize a text split, pack it into fixed-length sequences, write TFRecord shards.
 
 Each non-blank line (a document or paragraph) is tokenized as `[CLS] tokens [SEP]`. The split is
 read in blocks of --rows_per_block input rows (blank ones count too; a block never spans two input
 files), and each block is packed on its own: its documents are concatenated in order and cut into
---max_length sequences, so a sequence may start or end in the middle of a document, and the [SEP]
-marks where one ends and the next begins. Nothing is padded: only each block's final remainder,
-shorter than one sequence, is dropped (RoBERTa's FULL-SENTENCES packing).
+--max_length sequences (which may start or end mid-document; a [SEP] ends each document). Nothing is
+padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES packing).
 
     # local files (a glob over many works too: --train_file 'corpus/part-*.txt')
     python prepare_tfrecord_shards.py --train_file corpus/train.txt --split train \
@@ -27,10 +25,9 @@ shorter than one sequence, is dropped (RoBERTa's FULL-SENTENCES packing).
 
 Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord (one tf.train.Example per
 sequence, "input_ids": int64 x max_length), then manifest.json, written last: without it the split
-is unfinished, and the same command writes it again. Memory stays flat: batches flow through while
---num_proc threads tokenize and the main thread packs and writes. A block's sequences depend on its
-rows alone, so the Beam pipeline (--runner) packs blocks on many workers at once and writes the same
-files, byte for byte.
+is unfinished, and the same command writes it again. Memory stays flat: --num_proc threads tokenize
+while the main thread packs and writes. A block's sequences depend on its rows alone, so the Beam
+pipeline (--runner) packs blocks on many workers at once and writes the same files, byte for byte.
 
 Next step: run_mlm.py --train_dataset <output_dir>/train --eval_dataset <output_dir>/validation.
 """
@@ -42,15 +39,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 
-from mlm_pipeline import (
-    beam_pipeline,
-    contract,
-    corpus,
-    packing,
-    split_folder,
-    split_manifest,
-    storage,
-)
+from mlm_pipeline import beam_pipeline, contract, corpus, packing, split_folder, split_manifest
 from mlm_pipeline.errors import (
     OneLineErrorParser,
     UsageError,
@@ -58,6 +47,7 @@ from mlm_pipeline.errors import (
     first_line,
     positive_int,
 )
+from mlm_pipeline.storage import check_gcs_paths, check_local_output_dir, is_remote
 from mlm_pipeline.tf_startup import tensorflow_startup_log_held_back
 
 PACKING = (
@@ -70,102 +60,74 @@ PACKING = (
 DEFAULT_ROWS_PER_BLOCK = 100_000
 
 
-def available_cores():
-    """The cores this process may run on (its CPU affinity), which can be fewer than the machine has."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def parse_args(argv=None):
     parser = OneLineErrorParser(
         description="Tokenize a split and write it as TFRecord shards of packed sequences.",
-        epilog="With --runner, every flag this script does not know goes to Apache Beam as a pipeline option "
-        "(--direct_num_workers, --project, --region, --temp_location, --setup_file, ...).",
+        epilog="With --runner, every flag this script does not know goes to Apache Beam as a "
+        "pipeline option (--direct_num_workers, --project, --region, --temp_location, "
+        "--setup_file, ...).",
     )
     data = parser.add_argument_group("data: local or gs:// files, or a Hub dataset (the default)")
+    add = data.add_argument
     files = (
         "a file or a glob over files (quoted), local or gs://: plain text (any extension), or local"
     )
-    data.add_argument("--train_file", help=f"Train split: {files} .json/.jsonl, .csv, .parquet.")
-    data.add_argument("--validation_file", help="Validation split, the same.")
-    data.add_argument("--test_file", help="Test split, the same.")
-    data.add_argument(
-        "--split",
-        default="train",
-        help=f"Which split to write: one of {', '.join(contract.SPLITS)}.",
-    )
-    data.add_argument(
-        "--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext)."
-    )
-    data.add_argument(
-        "--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration."
-    )
-    data.add_argument(
-        "--text_column", default="text", help="Column that holds the text (default: text)."
-    )
-    data.add_argument(
-        "--limit", type=positive_int, help="Use only the first LIMIT rows of the split."
-    )
-    data.add_argument(
+    add("--train_file", help=f"Train split: {files} .json/.jsonl, .csv, .parquet.")
+    add("--validation_file", help="Validation split, the same.")
+    add("--test_file", help="Test split, the same.")
+    splits = ", ".join(contract.SPLITS)
+    add("--split", default="train", help=f"Which split to write: one of {splits}.")
+    add("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
+    add("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
+    add("--text_column", default="text", help="Column that holds the text (default: text).")
+    add("--limit", type=positive_int, help="Use only the first LIMIT rows of the split.")
+    add(
         "--streaming",
         action="store_true",
-        help="Stream the Hub dataset as it is read, instead of downloading the "
-        "whole split into the datasets cache first: for corpora larger than the disk.",
+        help="Stream the Hub dataset as it is read, instead of downloading the whole split into "
+        "the datasets cache first: for corpora larger than the disk.",
     )
-    data.add_argument(
-        "--trust_remote_code", action="store_true", help="Allow code from Hub repositories."
+    add("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
+    add = parser.add_argument_group("tokenization").add_argument
+    add(
+        "--tokenizer_name_or_path", required=True, help="Tokenizer folder (local, gs://) or Hub id."
     )
-    tokens = parser.add_argument_group("tokenization")
-    tokens.add_argument(
-        "--tokenizer_name_or_path",
-        required=True,
-        help="Tokenizer folder (local or gs://) or Hub id.",
+    add("--max_length", type=positive_int, default=128, help="Tokens per sequence (default: 128).")
+    add("--batch_size", type=positive_int, default=1000, help="Lines per batch (default: 1000).")
+    cores = f"Tokenizing threads (default: the {available_cores()} usable cores)."
+    add("--num_proc", type=positive_int, help=cores)
+    add = parser.add_argument_group("output").add_argument
+    add("--output_dir", required=True, help="Local folder or gs://bucket/prefix.")
+    add(
+        "--shard_size", type=positive_int, default=10000, help="Sequences a shard (default: 10000)."
     )
-    tokens.add_argument(
-        "--max_length", type=positive_int, default=128, help="Tokens per sequence (default: 128)."
-    )
-    tokens.add_argument(
-        "--batch_size", type=positive_int, default=1000, help="Lines per batch (default: 1000)."
-    )
-    tokens.add_argument(
-        "--num_proc",
-        type=positive_int,
-        help=f"Tokenizing threads (default: the {available_cores()} usable cores).",
-    )
-    output = parser.add_argument_group("output")
-    output.add_argument("--output_dir", required=True, help="Local folder or gs://bucket/prefix.")
-    output.add_argument(
-        "--shard_size",
-        type=positive_int,
-        default=10000,
-        help="Sequences per shard (default: 10000).",
-    )
-    output.add_argument(
-        "--overwrite_output_dir",
-        action="store_true",
-        help="Replace a split already in --output_dir.",
-    )
-    output.add_argument(
+    add("--overwrite_output_dir", action="store_true", help="Replace the split in --output_dir.")
+    add(
         "--rows_per_block",
         type=positive_int,
         default=DEFAULT_ROWS_PER_BLOCK,
-        help="Input rows, blank ones included, packed together: each block drops its last partial sequence, and "
-        f"blocks are what Beam's workers share out (default: {DEFAULT_ROWS_PER_BLOCK}).",
+        help="Input rows, blank ones included, packed together: each block drops its last partial "
+        "sequence, and blocks are what Beam's workers share out "
+        f"(default: {DEFAULT_ROWS_PER_BLOCK}).",
     )
-    beam = parser.add_argument_group("Apache Beam: one split written by many workers")
-    beam.add_argument(
+    add = parser.add_argument_group("Apache Beam: one split written by many workers").add_argument
+    add(
         "--runner",
-        help="Run the step as an Apache Beam pipeline on this runner: DirectRunner (this machine's "
-        "cores), DataflowRunner, FlinkRunner, SparkRunner... The output is what a run without it "
-        "writes.",
+        help="Run the step as an Apache Beam pipeline on this runner: DirectRunner (this "
+        "machine's cores), DataflowRunner, FlinkRunner, SparkRunner... The output is what a run "
+        "without it writes.",
     )
     args, beam_options = parser.parse_known_args(argv)
     if beam_options and not args.runner:
-        parser.error(
-            f"unrecognized arguments: {' '.join(beam_options)} (Beam pipeline options need "
-            "--runner)"
-        )
+        unknown = " ".join(beam_options)
+        parser.error(f"unrecognized arguments: {unknown} (Beam pipeline options need --runner)")
     args.beam_argv = ["--runner", args.runner, *beam_options] if args.runner else []
     return args
+
+
+def available_cores():
+    """The cores this process may run on (its CPU affinity): maybe fewer than the machine has."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def check_args(args):
@@ -201,23 +163,18 @@ def check_args(args):
         beam_pipeline.check_options(
             args.beam_argv, args.tokenizer_name_or_path, args.output_dir, [(flag, pattern)]
         )
-    # Cloud Storage next, in seconds: listing an unreachable bucket would take TensorFlow minutes of
-    # retries.
-    paths = {
-        "--output_dir": args.output_dir,
-        flag: pattern,
-        "--tokenizer_name_or_path": args.tokenizer_name_or_path,
-    }
-    storage.check_gcs_paths(paths, writable=["--output_dir"])
-    if not storage.is_remote(args.output_dir):
-        storage.check_local_output_dir(args.output_dir)
+    # Cloud Storage next, in seconds (listing an unreachable bucket takes TF minutes of retries)
+    paths = {"--output_dir": args.output_dir, flag: pattern}
+    paths["--tokenizer_name_or_path"] = args.tokenizer_name_or_path
+    check_gcs_paths(paths, writable=["--output_dir"])
+    if not is_remote(args.output_dir):
+        check_local_output_dir(args.output_dir)
     return corpus.input_files(pattern, flag) if pattern is not None else None
 
 
 def local_split_file(args):
-    return {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}[
-        args.split
-    ]
+    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+    return files[args.split]
 
 
 def describe_source(args):
@@ -228,7 +185,7 @@ def describe_source(args):
 
 
 class SplitTally:
-    """How many rows the split has (at most --limit), blank ones included, once it has been read to its end."""
+    """How many rows the split has (at most --limit, blank ones included), once read to its end."""
 
     rows = 0
 
@@ -239,16 +196,12 @@ class SplitTally:
 
 
 def file_rows(args, files):
-    """The rows of each input file in turn (a Hub dataset: its split, as one stream). Plain text is
-    read line by line without datasets; local tabular files are streamed by datasets, so nothing
-    goes to its cache."""
+    """The rows of each input file in turn (a Hub dataset: its split, one stream): plain text line
+    by line, local tabular files streamed by datasets (so nothing goes to its cache)."""
     if files is None:
         source = (args.dataset_name, args.dataset_config, args.trust_remote_code)
-        yield corpus.dataset_column(
-            corpus.load_split(args.split, None, *source, streaming=args.streaming),
-            args.text_column,
-            args.batch_size,
-        )
+        dataset = corpus.load_split(args.split, None, *source, streaming=args.streaming)
+        yield corpus.dataset_column(dataset, args.text_column, args.batch_size)
     for path in files or ():
         if corpus.local_format(path) == "text":
             yield corpus.text_file_lines(path, args.text_column)
@@ -260,8 +213,7 @@ def file_rows(args, files):
 def split_blocks(args, files, tally):
     """(block index, the block's rows) for each block of --rows_per_block rows, in order: each file
     is cut into blocks of its own, numbered on from one file to the next, and --limit counts rows
-    across the files. mlm_pipeline/beam_pipeline.py numbers the blocks of a Beam run the same way.
-    """
+    across the files. mlm_pipeline/beam_pipeline.py numbers a Beam run's blocks the same way."""
     blocks = itertools.count()
     for rows in file_rows(args, files):
         rows = corpus.reading_errors_as_usage_errors(rows, describe_source(args))
@@ -272,8 +224,7 @@ def split_blocks(args, files, tally):
         while (first := next(rows, end)) is not end:
             block_rows = itertools.chain([first], itertools.islice(rows, args.rows_per_block - 1))
             yield next(blocks), block_rows
-            # whatever is left of the block: the next one starts after it
-            collections.deque(block_rows, maxlen=0)
+            collections.deque(block_rows, maxlen=0)  # the block's rest: the next starts after it
         if args.limit is not None and tally.rows >= args.limit:
             return
 
@@ -304,15 +255,14 @@ class BatchEncoder:
         # unchanged to the Rust backend. Some classes (CPM, for one) rewrite the text in Python
         # first; those keep their call.
         calls = ("__call__", "_call_one", "batch_encode_plus", "_batch_encode_plus")
-        self.direct = all(
-            getattr(type(tokenizer), call) is getattr(PreTrainedTokenizerFast, call)
-            for call in calls
-        )
-        # the backend as transformers sets it for that call; the Beam workers encode with it too
-        if self.direct:
-            self.backend = packing.batch_backend(
-                tokenizer.backend_tokenizer, tokenizer.split_special_tokens
+        fast = PreTrainedTokenizerFast
+        self.direct = all(getattr(type(tokenizer), call) is getattr(fast, call) for call in calls)
+        if self.direct:  # the backend as transformers sets it for that call; Beam's workers too
+            backend, split_special_tokens = (
+                tokenizer.backend_tokenizer,
+                tokenizer.split_special_tokens,
             )
+            self.backend = packing.batch_backend(backend, split_special_tokens)
 
     def __call__(self, texts):
         if self.direct:
@@ -364,9 +314,8 @@ def token_id_batches(batches, tokenizer, num_proc):
     if encode.direct:
         with tokenizer_pool_off():
             yield from in_order(encode_batch, batches, threads=num_proc or available_cores())
-    # transformers reconfigures the backend at every call, so calls must not overlap (each uses its
-    # own pool)
     else:
+        # transformers reconfigures the backend at every call, so calls must not overlap
         yield from in_order(encode_batch, batches, threads=1)
 
 
@@ -408,19 +357,16 @@ def write_blocks(id_batches, writer, args):
     from tqdm.auto import tqdm
 
     summaries = []
-    # The bar shows from the first sequence on (delay), so that input refused before then gets its
-    # error line alone; closing it ends its line, so that an error found midway starts a line of its
-    # own.
+    # The bar shows from the first sequence on (delay): input refused before then gets its error
+    # line alone; closing it ends its line, so that an error found midway starts a line of its own.
     progress = tqdm(desc=f"Writing {args.split} shards", unit=" sequences", delay=1e-9)
     with closing(id_batches), progress:  # closing: stops the threads if writing fails
         for block, batches in itertools.groupby(id_batches, key=lambda batch: batch[0]):
             encoded = ((texts, ids) for _, texts, ids in batches if texts is not None)
-            shards = packing.BlockShards(
-                writer.split_dir, args.split, block, args.shard_size, writer.write_file
-            )
-            summaries.append(
-                packing.pack_block(block, encoded, args.max_length, shards, progress.update)
-            )
+            where = (writer.split_dir, args.split, block, args.shard_size, writer.write_file)
+            shards = packing.BlockShards(*where)
+            summary = packing.pack_block(block, encoded, args.max_length, shards, progress.update)
+            summaries.append(summary)
     return summaries
 
 
@@ -454,29 +400,16 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
             "--runner."
         )
     fingerprint = split_manifest.tokenizer_fingerprint(encoder.backend)
-    beam_pipeline.load_backend(
-        args.tokenizer_name_or_path, tokenizer.split_special_tokens, fingerprint
-    )
-    print(
-        f"Writing the {args.split} split ({len(files)} input files) as an Apache Beam pipeline on "
-        f"{args.runner}"
-    )
+    name, split_special_tokens = args.tokenizer_name_or_path, tokenizer.split_special_tokens
+    beam_pipeline.load_backend(name, split_special_tokens, fingerprint)
+    inputs = f"{len(files)} input files"
+    print(f"Writing the {args.split} split ({inputs}) as an Apache Beam pipeline on {args.runner}")
     created_folders = split_folder.missing_folders(split_dir)
-    # before the workers start: they write at once, in parallel
-    split_folder.clear_split_dir(split_dir)
+    split_folder.clear_split_dir(split_dir)  # before the workers start: they write at once
     try:
-        beam_pipeline.run(
-            args.beam_argv,
-            files,
-            settings,
-            args.tokenizer_name_or_path,
-            fingerprint,
-            tokenizer.split_special_tokens,
-            split_dir,
-            args.batch_size,
-            args.limit,
-            PACKING,
-        )
+        tokenizer_args = (name, fingerprint, split_special_tokens)
+        output = (split_dir, args.batch_size, args.limit, PACKING)
+        beam_pipeline.run(args.beam_argv, files, settings, *tokenizer_args, *output)
     except BaseException:
         split_folder.remove_run_output(split_dir, created_folders)
         raise
@@ -486,26 +419,16 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
 
 def main(args):
     files = check_args(args)
-    # The tokenizer first: a wrong path is reported in a second rather than after TensorFlow has
-    # loaded.
-    tokenizer = contract.load_tokenizer(
-        args.tokenizer_name_or_path,
-        "--tokenizer_name_or_path",
-        args.trust_remote_code,
-        require_fast=True,
-    )
+    # The tokenizer first: a wrong path is reported in a second, not after TensorFlow has loaded.
+    name, flag = args.tokenizer_name_or_path, "--tokenizer_name_or_path"
+    tokenizer = contract.load_tokenizer(name, flag, args.trust_remote_code, require_fast=True)
     with tensorflow_startup_log_held_back():
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # looking for devices logs too (cuInit)
+    sizes = (args.max_length, args.rows_per_block, args.shard_size)
     settings = split_manifest.split_settings(
-        tokenizer,
-        args.tokenizer_name_or_path,
-        args.split,
-        describe_source(args),
-        args.max_length,
-        args.rows_per_block,
-        args.shard_size,
+        tokenizer, args.tokenizer_name_or_path, args.split, describe_source(args), *sizes
     )
     split_dir = contract.split_dir(args.output_dir, args.split)
     split_folder.check_split_dir(split_dir, args.split, args.overwrite_output_dir)

@@ -15,7 +15,10 @@ import setuptools
 setuptools.setup(
     name="mlm-pipeline",
     version="1.0.0",
-    description="The plumbing of a masked-LM pretraining pipeline: what Beam's workers import to write shards.",
+    description=(
+        "The plumbing of a masked-LM pretraining pipeline: what Beam's workers import to write "
+        "shards."
+    ),
     packages=["mlm_pipeline"],
     python_requires=">=3.10",
     install_requires=["tokenizers==0.22.2", "google-crc32c==1.9.0"],

@@ -1,16 +1,14 @@
 #!/usr/bin/env python
 """Step 1 of 3: train a Unigram tokenizer for masked-language-model pretraining.
 
-The tokenizer is trained with 🤗 tokenizers on a text corpus, then saved as a transformers tokenizer
-folder that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenizer with the [CLS] /
-<pad> / [SEP] / <unk> / [MASK] special tokens at ids 0-4. Optionally it is pushed to the Hub.
+Trained with 🤗 tokenizers on a text corpus, saved as a folder that AutoTokenizer loads as a fast
+tokenizer (special tokens [CLS] <pad> [SEP] <unk> [MASK] at ids 0-4), optionally pushed to the Hub.
 
     # WikiText-103 from the Hub (the default corpus)
     python train_unigram.py --vocab_size 32000 --output_dir tokenizer
 
-    # local files: plain text, one document per line, under any extension (.txt, .raw, ...), or
-    # .json/.jsonl, .csv, .parquet with a --text_column; a quoted glob reads many, in sorted order
-    # (gs://: text)
+    # local files: plain text, one document per line, any extension (.txt, .raw, ...; gs:// too),
+    # or .json/.jsonl, .csv, .parquet with a --text_column; a quoted glob reads many, sorted
     python train_unigram.py --train_file 'corpus/*.txt' --vocab_size 8000 --output_dir tokenizer
 
     # C4's first 2M rows, streamed rather than downloaded, pushed to the Hub (after `hf auth login`)
@@ -19,9 +17,7 @@ folder that `AutoTokenizer.from_pretrained(output_dir)` loads as a fast tokenize
 
 A good vocabulary: NFKC, a Metaspace pre-tokenizer ("▁" starts a word), EM long enough before each
 pruning for frequent whole words to beat their spelling, and word-end examples for the words the
-trainer would never propose. A deterministic one: `canonical_vocabulary()` makes one corpus give one
-byte-identical file. Corpus reading, output checks and the Hub push come from the mlm_pipeline
-package beside this script.
+trainer would never propose. A deterministic one: one corpus gives one byte-identical file.
 
 Next step: prepare_tfrecord_shards.py --tokenizer_name_or_path <output_dir>.
 """
@@ -34,87 +30,55 @@ import json
 import os
 import tempfile
 
-from mlm_pipeline import contract, corpus, hub, model_card, storage
+from mlm_pipeline import contract, corpus, hub, model_card, packing, storage
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
-# (PyTorch takes it from pad_token_id), so any other id would shift positions between the two
-# frameworks.
+# (PyTorch: pad_token_id), so any other id would shift positions between the two frameworks.
 SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 SCORE_DECIMALS = 6
 REQUIRED_CHAR_SCORE_STEP = 1e-4  # the Unigram trainer's spacing between the rare characters it adds
 SPACE_MARKER = "▁"  # Metaspace's stand-in for the space before a word
-# UnigramTrainer options; its defaults are 2 EM iterations before each pruning, which keeps 3/4 of
-# the pieces. A frequent whole word such as "▁and" starts training far less likely than its spelling
-# "▁" + "and" (the trainer scores a candidate by how many distinct words contain it, a character by
-# how often it occurs), and EM needs about 5 iterations on WikiText-2, one more per 10x the text, to
-# lift it past its spelling; pruned before that, it is gone. By that rule 8 leave room for ~100x
-# WikiText-2; halving the pieces at each pruning pays for them.
+# UnigramTrainer options (its defaults: 2 EM iterations before each pruning, which keeps 3/4 of the
+# pieces). A frequent whole word ("▁and") starts far less likely than its spelling "▁" + "and" (a
+# candidate scores by how many distinct words hold it, a character by how often it occurs); EM needs
+# ~5 iterations on WikiText-2, one more per 10x the text, to lift it past that, or it is pruned. So
+# 8 leave room for ~100x WikiText-2; halving the pieces at each pruning pays for them.
 EM_ITERATIONS_PER_PRUNING = 8
 SHRINKING_FACTOR = 0.5
-# The most frequent words that get a word-end example (see word_end_examples), per piece of the
-# vocabulary.
-WORD_END_EXAMPLES_PER_PIECE = 1 / 4
-# words are counted in every 4th batch: enough to rank the frequent ones, at 1/4 the cost
-WORD_COUNT_STRIDE = 4
+WORD_END_EXAMPLES_PER_PIECE = 1 / 4  # the most frequent words given one, per vocabulary piece
+WORD_COUNT_STRIDE = 4  # words counted in every 4th batch: enough to rank the frequent ones
 
 
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
-    data = parser.add_argument_group("data (the Hub by default, or local files)")
-    data.add_argument(
-        "--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext)."
-    )
-    data.add_argument(
-        "--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration."
-    )
-    data.add_argument(
+    add = parser.add_argument_group("data (the Hub by default, or local files)").add_argument
+    add("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
+    add("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
+    add(
         "--train_file",
         help="Local plain text (any extension), .json/.jsonl, .csv or .parquet "
         "file, or a quoted glob over many, read in sorted order ('corpus/*.txt'; gs:// for text).",
     )
-    data.add_argument(
-        "--text_column", default="text", help="Column that holds the text (default: text)."
-    )
-    data.add_argument(
-        "--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus."
-    )
-    data.add_argument(
+    add("--text_column", default="text", help="Column that holds the text (default: text).")
+    add("--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus.")
+    add(
         "--streaming",
         action="store_true",
         help="Stream the Hub dataset (or local tabular files), "
         "writing nothing to the datasets cache: --limit rows of a corpus larger than the disk (C4) "
         "will do; without --limit, the whole stream. Plain text is always read line by line.",
     )
-    data.add_argument(
-        "--batch_size",
-        type=positive_int,
-        default=1000,
-        help="Rows handed to the trainer at a time.",
-    )
-    data.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="Allow code from the Hub dataset's repository.",
-    )
-    model = parser.add_argument_group("tokenizer")
-    model.add_argument(
-        "--vocab_size", type=int, default=32000, help="Vocabulary size, special tokens included."
-    )
-    model.add_argument("--output_dir", required=True, help="Local folder to save the tokenizer to.")
-    model.add_argument(
-        "--overwrite_output_dir", action="store_true", help="Replace a tokenizer in --output_dir."
-    )
-    hub_flags = parser.add_argument_group("Hub")
-    hub_flags.add_argument(
-        "--push_to_hub", "--export_to_hub", action="store_true", help="Also push to the Hub."
-    )
-    hub_flags.add_argument(
-        "--hub_model_id", help="Hub repository, e.g. my-user/my-tokenizer: made before training."
-    )
-    hub_flags.add_argument(
-        "--hub_private", action="store_true", help="Make the repository private (if it is new)."
-    )
+    add("--batch_size", type=positive_int, default=1000, help="Rows handed to the trainer at once.")
+    add("--trust_remote_code", action="store_true", help="Allow the Hub dataset repository's code.")
+    add = parser.add_argument_group("tokenizer").add_argument
+    add("--vocab_size", type=int, default=32000, help="Vocabulary size, special tokens included.")
+    add("--output_dir", required=True, help="Local folder to save the tokenizer to.")
+    add("--overwrite_output_dir", action="store_true", help="Replace a tokenizer in --output_dir.")
+    add = parser.add_argument_group("Hub").add_argument
+    add("--push_to_hub", "--export_to_hub", action="store_true", help="Also push to the Hub.")
+    add("--hub_model_id", help="Hub repository, e.g. my-user/my-tokenizer: made before training.")
+    add("--hub_private", action="store_true", help="Make the repository private (if it is new).")
     return parser.parse_args(argv)
 
 
@@ -139,10 +103,8 @@ def check_args(args):
             "path, and copy the folder wherever needed."
         )
     storage.check_local_output_dir(args.output_dir)
-    if (
-        os.path.exists(os.path.join(args.output_dir, contract.TOKENIZER_FILE))
-        and not args.overwrite_output_dir
-    ):
+    existing = os.path.exists(os.path.join(args.output_dir, contract.TOKENIZER_FILE))
+    if existing and not args.overwrite_output_dir:
         raise UsageError(
             f"--output_dir {args.output_dir} already holds a tokenizer; "
             "pass --overwrite_output_dir to replace it, or choose another folder."
@@ -152,9 +114,8 @@ def check_args(args):
 
 
 def corpus_rows(args, files, source):
-    """The corpus's texts in order, the first --limit rows (all without it): text files read line by
-    line, one after another (no Arrow cache to build, so training starts at once), the rest through
-    datasets, as a stream with --streaming; an error met while reading is one line too."""
+    """The first --limit texts (all without it): text files line by line (no Arrow cache to build:
+    training starts at once), the rest through datasets; a reading error is one line too."""
     if files is not None and corpus.local_format(files[0]) == "text":
         rows = (line for path in files for line in corpus.text_file_lines(path, args.text_column))
     else:
@@ -165,10 +126,18 @@ def corpus_rows(args, files, source):
 
 
 def training_batches(rows, batch_size, vocab_size, counts):
-    """Batches of the non-blank texts, then word-end examples of the most frequent words (see
-    word_end_examples); `counts` says how many rows and texts were read."""
+    """Batches of the non-blank texts (blank ones carry no tokens and would only skew piece counts),
+    then word-end examples of the most frequent words (see word_end_examples); `counts` says how
+    many rows and texts were read."""
+
+    def counted(rows):
+        for row in rows:
+            counts["rows"] += 1
+            yield row
+
     word_counts = collections.Counter()
-    for index, batch in enumerate(non_blank_batches(rows, batch_size, counts)):
+    for index, batch in enumerate(packing.text_batches(counted(rows), batch_size)):
+        counts["texts"] += len(batch)
         if index % WORD_COUNT_STRIDE == 0:
             for text in batch:
                 word_counts.update(text.split())
@@ -176,32 +145,14 @@ def training_batches(rows, batch_size, vocab_size, counts):
     yield word_end_examples(word_counts, int(vocab_size * WORD_END_EXAMPLES_PER_PIECE))  # maybe []
 
 
-def non_blank_batches(rows, batch_size, counts):
-    """Lists of up to `batch_size` texts; blank ones carry no tokens and would only skew piece counts."""
-
-    def non_blank(rows):
-        for text in rows:
-            counts["rows"] += 1
-            if text is not None and text.strip():
-                counts["texts"] += 1
-                yield text
-
-    texts = non_blank(rows)
-    while batch := list(itertools.islice(texts, batch_size)):
-        yield batch
-
-
 def word_end_examples(word_counts, how_many):
-    """Of the `how_many` most frequent words, those that start no longer word, each once and
-    followed by the next word's "▁": "▁and▁".
+    """The `how_many` most frequent words that start no longer word, each with a "▁" after: "▁and▁".
 
     The Unigram trainer takes its candidate pieces from a suffix array over the distinct words, each
-    ended by a separator, and drops every candidate that runs into a separator. So a string that
-    only ever ends a word -- a whole word that starts no longer word, like "▁and", "▁," or "▁also"
-    -- is never a candidate, and the trainer has to spell it "▁" + "and": on WikiText-2, 18% of all
-    tokens were a bare "▁". One example with something after the word makes it a candidate (a word
-    like "▁the" is one already: "▁then" goes on after it), and one more occurrence of a frequent
-    word changes no count that matters.
+    ended by a separator, and drops every candidate that runs into one. So a string that only ever
+    ends a word ("▁and", "▁,") is never a candidate, and is spelled "▁" + "and": on WikiText-2, 18%
+    of all tokens were a bare "▁". One example with something after the word makes it a candidate
+    ("▁the" is one already: "▁then" goes on), and one more occurrence changes no count that matters.
     """
     words = sorted(word_counts)
 
@@ -215,18 +166,16 @@ def word_end_examples(word_counts, how_many):
 
 
 def build_tokenizer():
-    """The tokenizer as saved: NFKC, stripped, a Metaspace pre-tokenizer and decoder, an empty Unigram model."""
+    """The tokenizer as saved: NFKC, stripped, Metaspace pre-tokenizer and decoder, no pieces."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.Unigram())
     # NFKC folds look-alike code points (full-width letters, ligatures) so they share pieces. Spaces
-    # at either end of a text (or next to a special token) separate no words: kept, each would be a
-    # bare "▁" token.
+    # at either end of a text (or by a special token) separate no words: each would be a bare "▁".
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=SPACE_MARKER, prepend_scheme="always"
-    )
-    tokenizer.decoder = decoders.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always")
+    metaspace = dict(replacement=SPACE_MARKER, prepend_scheme="always")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(**metaspace)
+    tokenizer.decoder = decoders.Metaspace(**metaspace)
     return tokenizer
 
 
@@ -245,14 +194,9 @@ def training_pre_tokenizer():
 def build_trainer(vocab_size, show_progress=True):
     from tokenizers import trainers
 
-    return trainers.UnigramTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        unk_token="<unk>",
-        show_progress=show_progress,
-        n_sub_iterations=EM_ITERATIONS_PER_PRUNING,
-        shrinking_factor=SHRINKING_FACTOR,
-    )
+    options = dict(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token="<unk>")
+    options.update(n_sub_iterations=EM_ITERATIONS_PER_PRUNING, shrinking_factor=SHRINKING_FACTOR)
+    return trainers.UnigramTrainer(show_progress=show_progress, **options)
 
 
 def canonical_vocabulary(tokenizer_json):
@@ -261,9 +205,8 @@ def canonical_vocabulary(tokenizer_json):
     Two things vary between runs of the trainer. It sums log-probabilities in an order set by
     threads and hash maps, so a piece's score changes in the 15th digit. And it gives each rare
     character it must keep but did not learn the lowest score plus 0, 1e-4, 2e-4, ... in hash order.
-    So: hand those steps to the characters in sorted order, round every score to six decimals (far
-    finer than segmentation notices), and order the pieces by (score, piece). The special tokens
-    keep their ids at the front.
+    So: hand those steps to the characters in sorted order, round every score to six decimals, and
+    order the pieces by (score, piece). The special tokens keep their ids at the front.
     """
     model = tokenizer_json["model"]
     vocab = [[piece, score] for piece, score in model["vocab"] if piece not in SPECIAL_TOKENS]
@@ -274,22 +217,18 @@ def canonical_vocabulary(tokenizer_json):
         steps = (score - lowest) / REQUIRED_CHAR_SCORE_STEP
         return len(piece) == 1 and abs(steps - round(steps)) < 1e-6 and round(steps) < len(vocab)
 
-    required = sorted(
-        (entry for entry in vocab if required_char_step(entry)), key=lambda entry: entry[1]
-    )
+    required = sorted(filter(required_char_step, vocab), key=lambda entry: entry[1])
     for entry, piece in zip(required, sorted(piece for piece, _ in required)):
         entry[0] = piece
-    rest = sorted(
-        ([piece, round(score, SCORE_DECIMALS)] for piece, score in vocab),
-        key=lambda e: (-e[1], e[0]),
-    )
+    rest = [[piece, round(score, SCORE_DECIMALS)] for piece, score in vocab]
+    rest.sort(key=lambda e: (-e[1], e[0]))
     model["vocab"] = [[token, 0.0] for token in SPECIAL_TOKENS] + rest
     model["unk_id"] = SPECIAL_TOKENS.index("<unk>")
     return tokenizer_json
 
 
 def train_tokenizer(rows, vocab_size, batch_size, counts, source):
-    """Train on the texts of `rows`, then fix the vocabulary's order and add [CLS] ... [SEP] and [MASK]."""
+    """Train on the texts of `rows`, fix the vocabulary's order, add [CLS] ... [SEP] and [MASK]."""
     from tokenizers import AddedToken, Tokenizer, processors
 
     tokenizer = build_tokenizer()
@@ -303,9 +242,8 @@ def train_tokenizer(rows, vocab_size, batch_size, counts, source):
     tokenizer.pre_tokenizer = build_tokenizer().pre_tokenizer  # the one saved
     tokenizer = Tokenizer.from_str(json.dumps(canonical_vocabulary(json.loads(tokenizer.to_str()))))
     special = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
-    )
+    template = dict(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1")
+    tokenizer.post_processor = processors.TemplateProcessing(special_tokens=special, **template)
     # "the [MASK] of" must tokenize like "the capital of": the mask absorbs the space before it, as
     # the word piece it stands for ("▁capital") does.
     tokenizer.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True)])
@@ -315,30 +253,19 @@ def train_tokenizer(rows, vocab_size, batch_size, counts, source):
 def wrap_for_transformers(tokenizer):
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        bos_token="[CLS]",
-        eos_token="[SEP]",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        mask_token="[MASK]",
-    )
+    names = dict(cls_token="[CLS]", sep_token="[SEP]", bos_token="[CLS]", eos_token="[SEP]")
+    names.update(unk_token="<unk>", pad_token="<pad>", mask_token="[MASK]")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names)
 
 
 def save(tokenizer, output_dir):
-    """Write the tokenizer folder so that an interruption never leaves one that looks finished:
-    everything goes to a temporary folder beside it, then is moved in, tokenizer.json (what marks a
-    tokenizer folder) last. Returns the names of the files written."""
+    """Write the folder through a temporary one beside it, tokenizer.json (what marks a tokenizer
+    folder) last: an interruption never leaves one that looks finished. Returns the names."""
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
         tokenizer.save_pretrained(staging)
-        names = sorted(
-            os.listdir(staging), key=lambda name: (name == contract.TOKENIZER_FILE, name)
-        )
-        for name in names:
-            # atomic on one filesystem
+        names = sorted(os.listdir(staging), key=lambda n: (n == contract.TOKENIZER_FILE, n))
+        for name in names:  # os.replace: atomic on one file system
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
     return names
 
@@ -346,11 +273,9 @@ def save(tokenizer, output_dir):
 def main(args):
     files = check_args(args)  # bad input refused in one line; --train_file's files (None: Hub)
     # The Hub repository first: a bad id, a missing login or no network should cost no training.
-    repo_id = (
-        hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub")
-        if args.push_to_hub
-        else None
-    )
+    repo_id = None
+    if args.push_to_hub:
+        repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub")
     source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"  # a glob as given
     rows = corpus_rows(args, files, source)
     print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {source}.")
