@@ -1,7 +1,7 @@
 """Peak memory against --gradient_accumulation_steps at a fixed global batch.
 
-    python benchmarks/accumulation_memory.py --train_dataset wt2/shards/train --tokenizer wt2/tokenizer \
-        --batch_size 128 --accumulation 1 2 4 8
+    python benchmarks/accumulation_memory.py --train_dataset wt2/shards/train \
+        --tokenizer wt2/tokenizer --batch_size 128 --accumulation 1 2 4 8
 
 Each setting is a fresh `run_mlm.py` process training the small config (hidden 256, 4 layers) for a
 few steps on batches of --batch_size sequences; its peak resident memory is read from the kernel

@@ -62,37 +62,26 @@ def main():
     print(f"Machine: {describe_machine()}")
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
-    flags = run_mlm.parse_args(
-        [
-            "--train_dataset",
-            args.train_dataset,
-            "--tokenizer",
-            args.tokenizer,
-            "--output_dir",
-            "unused",
-            "--seed",
-            "0",
-            "--shuffle_buffer_size",
-            str(args.shuffle_buffer_size),
-            "--mlm_probability",
-            str(args.mlm_probability),
-        ]
-    )  # (run_mlm.py's own flags and defaults)
+    paths = ["--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer]
+    options = ["--seed", "0", "--shuffle_buffer_size", str(args.shuffle_buffer_size)]
+    options += ["--mlm_probability", str(args.mlm_probability), "--output_dir", "unused"]
+    flags = run_mlm.parse_args(paths + options)  # run_mlm.py's own flags and defaults
     dataset = run_mlm.build_dataset(
-        manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
+        manifest["files"],
+        args.batch_size,
+        training=True,
+        tokenizer=tokenizer,
+        max_length=manifest["max_length"],
+        **run_mlm.flag_values(flags, run_mlm.DATA_FLAGS),
     )
     iterator = iter(dataset)
     sequences_per_second(iterator, 20, args.batch_size)  # fill the shuffle buffer and warm up
 
-    step_flags = argparse.Namespace(
-        batch_size=args.batch_size,
-        max_length=manifest["max_length"],
-        mlm_probability=args.mlm_probability,
-    )
     tiny = dict(CONFIGS["tiny"], vocab_size=len(tokenizer))
-    model, memory_dataset = build_variant(
-        "sparse", tiny, masked_batches(step_flags, len(tokenizer)), step_flags
+    batches = masked_batches(
+        args.batch_size, manifest["max_length"], args.mlm_probability, len(tokenizer)
     )
+    model, memory_dataset = build_variant("sparse", tiny, batches, manifest["max_length"])
     seconds_per_step(model, memory_dataset, 3)
 
     supplied, consumed = [], []

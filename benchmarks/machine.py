@@ -40,7 +40,8 @@ def describe_machine():
 
 
 def fastest_time(function, repeats):
-    """The shortest wall time of `repeats` calls, in seconds: what the machine can do when nothing interferes."""
+    """The shortest wall time of `repeats` calls, in seconds: what the machine can do when nothing
+    interferes."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -1,7 +1,8 @@
 """How far the two neighbouring tokens alone get on the fill-mask task: a counting baseline for the
 quality table.
 
-    python benchmarks/neighbour_baseline.py --train_dataset shards/train --eval_dataset shards/validation
+    python benchmarks/neighbour_baseline.py --train_dataset shards/train \
+        --eval_dataset shards/validation
 
 From prepare_tfrecord_shards.py's training shards it counts unigrams and bigrams
 (add-`--smoothing`), then scores every ordinary token of the evaluation shards as if it were masked,
@@ -42,7 +43,8 @@ def parse_args():
 
 
 def read_ids(folder, flag):
-    """All sequences of a shard folder as one [records, max_length] int32 array, and its manifest."""
+    """All sequences of a shard folder as one [records, max_length] int32 array, and its
+    manifest."""
     import numpy as np
     import tensorflow as tf
 

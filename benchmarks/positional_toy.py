@@ -1,7 +1,8 @@
 """Can the model learn to attend by position? A toy where nothing else tells the answer.
 
     python benchmarks/positional_toy.py --tokenizer tokenizer --model_type roberta --steps 750
-    python benchmarks/positional_toy.py --tokenizer tokenizer --model_type roberta-prelayernorm --steps 750
+    python benchmarks/positional_toy.py --tokenizer tokenizer --model_type roberta-prelayernorm \
+        --steps 750
 
 Each sequence counts upwards from a random start through 500 token ids (token i+1 = token i + 1,
 wrapping around), so a masked token can only be told from its neighbours, by position. Batches are
@@ -87,9 +88,15 @@ def main():
             ]
         )
         tf_keras.utils.set_random_seed(0)
-        config = run_mlm.build_config(flags, tokenizer, LENGTH)
+        config = run_mlm.build_config(
+            tokenizer, LENGTH, **run_mlm.flag_values(flags, run_mlm.CONFIG_FLAGS)
+        )
     _, trainer = run_mlm.build_model(
-        config, flags, args.steps, tf.distribute.get_strategy(), tokenizer.mask_token_id
+        config,
+        tf.distribute.get_strategy(),
+        tokenizer.mask_token_id,
+        args.steps,
+        **run_mlm.flag_values(flags, run_mlm.MODEL_FLAGS),
     )
 
     special = set(tokenizer.all_special_ids)

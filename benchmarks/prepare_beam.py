@@ -2,45 +2,46 @@
 """prepare_tfrecord_shards.py as an Apache Beam pipeline (--runner DirectRunner) against the single
 process.
 
-    python benchmarks/prepare_beam.py --train_file <wikitext-2>/wiki.train.tokens --tokenizer <tokenizer>
+    python benchmarks/prepare_beam.py --train_file <wikitext-2>/wiki.train.tokens \
+        --tokenizer <tokenizer>
 
 (<tokenizer>: train_unigram.py --train_file <wikitext-2>/wiki.train.tokens --vocab_size 8000
 --output_dir ...) Every run is `python prepare_tfrecord_shards.py ...` in a subprocess of its own,
 with an empty datasets cache, on corpora made in a temporary folder from --train_file:
 
 - Corpora: the file concatenated 1x and --scales times (default 4x and 20x), each cut at line
-  boundaries into
-  --parts files (default 2) read through a glob ('corpus-x20/part-*.txt'). Every run passes the same
-  --rows_per_block; its default here is the file's rows / --parts (WikiText-2 train: 36,718 / 2 = 18,359), so
-  that each part of an Nx corpus is exactly N blocks of equal size. The script's default of 100,000 rows
-  would make one block of each file, too few to share between workers; and the DirectRunner deals the blocks
-  to its workers in turn, once, so with unequal blocks (20,000 rows: 4x gives each worker 4 blocks, but one
-  80,000 rows and the other 67,000) the busier worker sets the wall time.
+  boundaries into --parts files (default 2) read through a glob ('corpus-x20/part-*.txt'). Every run
+  passes the same --rows_per_block; its default here is the file's rows / --parts (WikiText-2 train:
+  36,718 / 2 = 18,359), so that each part of an Nx corpus is exactly N blocks of equal size. The
+  script's default of 100,000 rows would make one block of each file, too few to share between
+  workers; and the DirectRunner deals the blocks to its workers in turn, once, so with unequal
+  blocks (20,000 rows: 4x gives each worker 4 blocks, but one 80,000 rows and the other 67,000) the
+  busier worker sets the wall time.
 - Three ways on each corpus: "single" (no --runner, the default --num_proc: one tokenizing thread
-  per core),
-  "beam 2 workers" (--runner DirectRunner --direct_num_workers 2 --direct_running_mode multi_processing) and
-  "beam 1 worker, pinned" (the same with --direct_num_workers 1, the whole process tree under `taskset -c
-  --pinned_core`: one core). Each run's wall time, CPU time (its own and its children's), and the peak
-  resident memory (VmHWM) of every process in its tree, read from /proc every --sample_every seconds while it
-  runs: the launcher and each Beam worker (`apache_beam.runners.worker.sdk_worker_main`), with each one's CPU
-  time and when the first worker appeared. Every Beam output folder is compared, file by file and byte by
-  byte, with the single run's on the same corpus.
+  per core), "beam 2 workers" (--runner DirectRunner --direct_num_workers 2 --direct_running_mode
+  multi_processing) and "beam 1 worker, pinned" (the same with --direct_num_workers 1, the whole
+  process tree under `taskset -c --pinned_core`: one core). Each run's wall time, CPU time (its own
+  and its children's), and the peak resident memory (VmHWM) of every process in its tree, read from
+  /proc every --sample_every seconds while it runs: the launcher and each Beam worker
+  (`apache_beam.runners.worker.sdk_worker_main`), with each one's CPU time and when the first worker
+  appeared. Every Beam output folder is compared, file by file and byte by byte, with the single
+  run's on the same corpus.
 - Throughput: MB of input text (10^6 bytes) per second, raw (the whole command, imports and start-up
-  included) and steady: the slope between the two largest corpora, (size2 - size1) / (wall2 - wall1), which
-  cancels the fixed start-up cost (imports of TensorFlow and Beam, the tokenizer loaded, the workers
-  started); the intercept is that fixed cost. Per core: the pinned worker's steady rate, and the 2 workers'
-  steady rate / 2; their ratio is the scaling from one worker to two.
+  included) and steady: the slope between the two largest corpora, (size2 - size1) / (wall2 -
+  wall1), which cancels the fixed start-up cost (imports of TensorFlow and Beam, the tokenizer
+  loaded, the workers started); the intercept is that fixed cost. Per core: the pinned worker's
+  steady rate, and the 2 workers' steady rate / 2; their ratio is the scaling from one worker to
+  two.
 - The machine's ceiling for that ratio: the tokenizer alone (packing.encode_texts on the file's
-  lines, no
-  Beam, imports excluded), one process pinned to one core, then two at once pinned to the two cores.
+  lines, no Beam, imports excluded), one process pinned to one core, then two at once pinned to the
+  two cores.
 - Streaming: the single process reading a stand-in for a Hub dataset: a local folder of
-  data/train-0000K-of-0000N.jsonl files, one copy of --train_file each as {"text": line} rows, passed as
-  --dataset_name (--dataset_config default), 1x and --streaming_scale times (default 10x), with and without
-  --streaming, each with HF_HOME and HF_DATASETS_CACHE in an empty folder and HF_HUB_OFFLINE /
-  HF_DATASETS_OFFLINE set: peak RSS and what HF_HOME holds after the run.
+  data/train-0000K-of-0000N.jsonl files, one copy of --train_file each as {"text": line} rows,
+  passed as --dataset_name (--dataset_config default), 1x and --streaming_scale times (default 10x),
+  with and without --streaming, each with HF_HOME and HF_DATASETS_CACHE in an empty folder and
+  HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set: peak RSS and what HF_HOME holds after the run.
 - --profile: the index pass's rate (beam_pipeline.index_file) and cProfile of one worker's work on
-  one block
-  (beam_pipeline.PackBlock, as a worker calls it), in a process of its own.
+  one block (beam_pipeline.PackBlock, as a worker calls it), in a process of its own.
 
 The machine is shared, so before each run the benchmark waits (at most --quiet_wait seconds) for it
 to be quiet, and reports for each run the cores that other processes used meanwhile ("other jobs").
@@ -151,7 +152,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Corpora
 
 
@@ -194,7 +195,7 @@ def write_hub_folder(train_file, times, folder):
     return folder
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # One measured run: a command in a subprocess, its process tree sampled from /proc
 
 
@@ -207,13 +208,15 @@ def read_proc(pid, name):
 
 
 def stat_fields(pid):
-    """/proc/<pid>/stat from its third field (state) on: after the command name, which may hold spaces."""
+    """/proc/<pid>/stat from its third field (state) on: after the command name, which may hold
+    spaces."""
     stat = read_proc(pid, "stat")
     return stat[stat.rfind(b")") + 2 :].split() if stat else None
 
 
 def process_tree(root):
-    """The pids of `root` and all its descendants, from each process's parent in /proc/<pid>/stat."""
+    """The pids of `root` and all its descendants, from each process's parent in
+    /proc/<pid>/stat."""
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -310,9 +313,8 @@ def measured_run(command, env, sample_every, quiet_wait=0):
         process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode != 0:
             log.seek(0)
-            sys.exit(
-                f"this run failed:\n{' '.join(command)}\n{log.read().decode(errors='replace')[-3000:]}"
-            )
+            output = log.read().decode(errors="replace")[-3000:]
+            sys.exit(f"this run failed:\n{' '.join(command)}\n{output}")
     processes = {pid: (roles[pid], peaks[pid] / 1024, cpus[pid]) for pid in peaks}
     return {
         "wall": wall,
@@ -376,7 +378,7 @@ def folder_bytes(folder):
     return sum(sizes), len(sizes)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The sections
 
 
@@ -397,7 +399,8 @@ def mib(value):
 
 
 def beam_runs(args, scratch):
-    """Every way on every corpus, --rounds times; returns {(times, way): [run, ...]} and the corpus sizes."""
+    """Every way on every corpus, --rounds times; returns {(times, way): [run, ...]} and the corpus
+    sizes."""
     sizes, runs = {}, {}
     for times in sorted({1, *args.scales}):
         folder = os.path.join(scratch, f"corpus-x{times}")
@@ -456,7 +459,8 @@ def worker_list(run):
 
 
 def fastest(runs):
-    """The round that took the least wall time: the one least disturbed by other jobs (machine.fastest_time)."""
+    """The round that took the least wall time: the one least disturbed by other jobs
+    (machine.fastest_time)."""
     return min(runs, key=lambda run: run["wall"])
 
 
@@ -464,7 +468,8 @@ CORES = {"single": 2, "beam 2 workers": 2, "beam 1 worker, pinned": 1}
 
 
 def work_cpu(run):
-    """The CPU seconds that did the work: the Beam workers' (as last sampled), or the single process's."""
+    """The CPU seconds that did the work: the Beam workers' (as last sampled), or the single
+    process's."""
     return sum(worker_cpus(run)) if worker_cpus(run) else run["cpu"]
 
 
@@ -639,7 +644,7 @@ def streaming_runs(args, scratch):
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The machine's own ceiling: the tokenizer alone, one process on one core against two on two cores
 
 
@@ -691,7 +696,8 @@ def ceiling(args):
     ]
 
     def together(cores):
-        """MB/s of `cores` processes at once, one pinned to each core; their results; other jobs' cores."""
+        """MB/s of `cores` processes at once, one pinned to each core; their results; other jobs'
+        cores."""
         wait_for_quiet(args.quiet_wait)
         start, busy, ours = time.perf_counter(), busy_seconds(), children_cpu()
         processes = [
@@ -758,7 +764,7 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # --profile: one block as a Beam worker packs it
 
 

@@ -2,21 +2,21 @@
 """How long prepare_tfrecord_shards.py takes against the tokenizer floor, and how its peak memory
 grows.
 
-    python benchmarks/prepare_shards.py --train_file corpus/train.txt --tokenizer tokenizer --repeats 5
+    python benchmarks/prepare_shards.py --train_file corpus/train.txt --tokenizer tokenizer \
+        --repeats 5
 
 Three measurements, each in a fresh subprocess so that no run warms the next one's caches or memory:
 
 - floor: the same fast tokenizer encoding all of the file's non-blank lines in one batch call,
-  `tokenizer(lines)` of transformers; the backend's `encode_batch(lines)` alone is reported beside it.
-  Timed from the lines in memory and the tokenizer loaded to the ids returned.
+  `tokenizer(lines)` of transformers; the backend's `encode_batch(lines)` alone is reported beside
+  it. Timed from the lines in memory and the tokenizer loaded to the ids returned.
 - prepare: prepare_tfrecord_shards.py's main() end to end on the same file (reading, tokenizing,
-  packing,
-  serializing, writing the shards and manifest), with an empty datasets cache.
-  Library imports are excluded from both timings: each child imports its libraries before its clock starts.
-  Floor and prepare alternate, and the ratio is the median of the per-repeat ratios.
+  packing, serializing, writing the shards and manifest), with an empty datasets cache.
+  Library imports are excluded from both timings: each child imports its libraries before its
+  clock starts. Floor and prepare alternate, and the ratio is the median of the per-repeat ratios.
 - memory: peak resident memory (ru_maxrss of the child) of the command-line run
-  `python prepare_tfrecord_shards.py ...` on the file and on the file concatenated --scale times; this is the
-  whole process, imports included, so its wall time is reported too.
+  `python prepare_tfrecord_shards.py ...` on the file and on the file concatenated --scale times;
+  this is the whole process, imports included, so its wall time is reported too.
 
 Prints the machine and markdown tables. Other processes on the machine add noise; the load average
 is shown.
@@ -72,12 +72,13 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Children: one measurement each, reported as a JSON line on stdout
 
 
 def non_blank_lines(path):
-    """The lines prepare_tfrecord_shards.py tokenizes: split on \\n (universal newlines), blank ones skipped."""
+    """The lines prepare_tfrecord_shards.py tokenizes: split on \\n (universal newlines), blank ones
+    skipped."""
     with open(path, encoding="utf-8") as file:
         return [line for line in (raw.rstrip("\n") for raw in file) if line.strip()]
 
@@ -165,7 +166,7 @@ def tuning_flags(args):
     return flags
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Parent: run the children, print the tables
 
 

@@ -54,7 +54,8 @@ MATMUL_PREFIXES = (
 
 
 def op_type(name):
-    """The op type of a trace event, or None for the runtime's own events (executors, Python, waits)."""
+    """The op type of a trace event, or None for the runtime's own events (executors, Python,
+    waits)."""
     match = TF_OP.match(name) or XLA_OP.match(name)
     if match is None:
         return None
@@ -132,11 +133,13 @@ def main():
     ceiling = matmul_ceiling("float32")
     print(f"Matmul ceiling (TensorFlow, square matmuls): {ceiling / 1e9:.0f} GFLOP/s float32")
     config_values = CONFIGS[args.config]
-    batches = masked_batches(args, config_values["vocab_size"])
+    batches = masked_batches(
+        args.batch_size, args.max_length, args.mlm_probability, config_values["vocab_size"]
+    )
     predictions = run_mlm.max_predictions(args.max_length, args.mlm_probability)
     root = Path(args.profile_dir or tempfile.mkdtemp(prefix="profile_step_"))
     for variant in args.variants:
-        model, dataset = build_variant(variant, config_values, batches, args)
+        model, dataset = build_variant(variant, config_values, batches, args.max_length)
         step, ops = profile_variant(model, dataset, args.steps, root / variant.replace("+", "_"))
         head_positions = predictions if variant.startswith("sparse") else args.max_length
         flops = args.batch_size * training_flops_per_sequence(

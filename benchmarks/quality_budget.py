@@ -1,9 +1,10 @@
 """Quality per budget: run run_mlm.py once and tabulate the evaluation after every epoch against
 wall time.
 
-    python benchmarks/quality_budget.py --no_tpu --train_dataset shards/train --eval_dataset shards/validation \
-        --tokenizer tokenizer --output_dir runs/budget --num_epochs 6 \
-        --config_overrides hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024
+    python benchmarks/quality_budget.py --no_tpu --train_dataset shards/train \
+        --eval_dataset shards/validation --tokenizer tokenizer --output_dir runs/budget \
+        --num_epochs 6 --config_overrides \
+        hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024
 
 Every argument goes to run_mlm.py unchanged (its defaults apply), so the table describes exactly the
 command a user would run. Minutes are wall time since training began, evaluations included; accuracy

@@ -1,9 +1,10 @@
-"""Tokens to accuracy: run run_mlm.py once and evaluate it every --eval_every optimizer steps on the
-same masks.
+"""Tokens to accuracy: run run_mlm.py once and evaluate it every --eval_every optimizer steps on
+the same masks.
 
     python benchmarks/recipe_curve.py --eval_every 250 --output_json runs/warmup.json -- \
-        --no_tpu --train_dataset wt2/shards/train --eval_dataset wt2/shards/validation --tokenizer wt2/tokenizer \
-        --output_dir runs/warmup --max_steps 5000 --per_replica_batch_size 32 --short_sequence_length 32
+        --no_tpu --train_dataset wt2/shards/train --eval_dataset wt2/shards/validation \
+        --tokenizer wt2/tokenizer --output_dir runs/warmup --max_steps 5000 \
+        --per_replica_batch_size 32 --short_sequence_length 32
 
 Everything after `--` goes to run_mlm.py unchanged. Every `--eval_every` steps, and at the end, the
 model is scored on all of --eval_dataset, masked as run_mlm.py masks its evaluation data: 15% of the
@@ -28,22 +29,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from machine import describe_machine  # noqa: E402
 
 import run_mlm  # noqa: E402
-from mlm_pipeline import checkpoints, hosts  # noqa: E402
+from mlm_pipeline import contract, hosts  # noqa: E402
 
 THRESHOLDS = (0.10, 0.20, 0.30)
 
 
-def curve_callback(eval_every, total_steps, tokens_per_step, evaluation, points):
-    """A Keras callback that scores the model every `eval_every` steps and at the last, on
-    `evaluation` = [dataset, steps]; the clock starts with the first fit() call (run_mlm.py may make
-    several)."""
+def curve_callback(args, eval_every, points):
+    """A Keras callback for run_mlm.main(args, callbacks=...) that scores the model every
+    `eval_every` optimizer steps and at the last; the clock starts with the first fit() call
+    (run_mlm.py may make several)."""
     import tf_keras
 
     class Curve(tf_keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             if hasattr(self, "scorer"):
                 return
-            self.started, self.evaluating = time.perf_counter(), 0.0
+            self.prepare(self.model.distribute_strategy)
             # A scorer of its own, sharing the weights: the trainer's metrics keep their running
             # sums.
             masked_lm = self.model.masked_lm
@@ -51,22 +52,51 @@ def curve_callback(eval_every, total_steps, tokens_per_step, evaluation, points)
                 masked_lm, "sparse", masked_lm.config.mask_token_id
             )
             self.scorer.compile()
+            self.started, self.evaluating = time.perf_counter(), 0.0
+
+        def prepare(self, strategy):
+            """The run's steps and tokens a step, and the evaluation data as run_mlm.main builds
+            it: the same files, batches and masks, here in one input pipeline."""
+            tokenizer = contract.load_tokenizer(
+                args.tokenizer, "--tokenizer", args.trust_remote_code
+            )
+            manifests = contract.read_training_manifests(
+                args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
+            )
+            max_length = manifests[0]["max_length"]
+            train_plan, eval_plan = hosts.input_plans(
+                strategy, manifests, args.per_replica_batch_size
+            )
+            self.total_steps = args.max_steps or args.num_epochs * train_plan.steps_per_epoch
+            self.tokens_per_step = train_plan.global_batch_size * max_length
+            # The run's evaluation: each replica's batch in turn from one pass of the files.
+            self.eval_steps = eval_plan.steps_per_epoch * eval_plan.replicas
+            self.eval_dataset = run_mlm.build_dataset(
+                manifests[1]["files"],
+                args.per_replica_batch_size,
+                training=False,
+                tokenizer=tokenizer,
+                max_length=max_length,
+                batches_per_epoch=self.eval_steps,
+                **run_mlm.flag_values(args, run_mlm.DATA_FLAGS),
+            )
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
-            if step % eval_every == 0 or step == total_steps:
+            if step % eval_every == 0 or step == self.total_steps:
                 self.score(step)
 
         def score(self, step):
             began = time.perf_counter()
             minutes = (began - self.started - self.evaluating) / 60
-            dataset, steps = evaluation
-            figures = self.scorer.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+            figures = self.scorer.evaluate(
+                self.eval_dataset, steps=self.eval_steps, verbose=0, return_dict=True
+            )
             self.evaluating += time.perf_counter() - began
             points.append(
                 {
                     "step": step,
-                    "tokens": step * tokens_per_step,
+                    "tokens": step * self.tokens_per_step,
                     "minutes": round(minutes, 2),
                     "loss": figures["loss"],
                     "mask_token_accuracy": figures["mask_token_accuracy"],
@@ -93,42 +123,16 @@ def main():
         "--eval_every", type=int, default=250, help="Optimizer steps between evaluations."
     )
     parser.add_argument("--output_json", help="Write the curve here too.")
-    own, run_mlm_argv = (
-        parser.parse_args(sys.argv[1 : sys.argv.index("--")]),
-        sys.argv[sys.argv.index("--") + 1 :],
-    )
+    split = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
+    own, run_mlm_argv = parser.parse_args(sys.argv[1:split]), sys.argv[split + 1 :]
     args = run_mlm.parse_args(run_mlm_argv)
+    if not args.eval_dataset:
+        parser.error("the curve is scored on --eval_dataset: pass it among run_mlm.py's flags.")
     print(f"Machine: {describe_machine()}")
     print("Command: python run_mlm.py " + " ".join(run_mlm_argv), flush=True)
 
-    points, evaluation = [], []
-    distribute, fit_callbacks = hosts.distribute, checkpoints.fit_callbacks
-
-    # the run's own evaluation data, masks included
-    def distribute_and_keep_evaluation(*positional, **named):
-        plan = distribute(*positional, **named)
-        evaluation[:] = plan[2:]
-        return plan
-
-    def with_curve(
-        output_dir, save_steps, logging_steps, chief, pusher, manager, total_steps, tokens_per_step
-    ):
-        callbacks = fit_callbacks(
-            output_dir,
-            save_steps,
-            logging_steps,
-            chief,
-            pusher,
-            manager,
-            total_steps,
-            tokens_per_step,
-        )
-        return callbacks + [
-            curve_callback(own.eval_every, total_steps, tokens_per_step, evaluation, points)
-        ]
-
-    hosts.distribute, checkpoints.fit_callbacks = distribute_and_keep_evaluation, with_curve
-    run_mlm.main(args)
+    points = []
+    run_mlm.main(args, callbacks=[curve_callback(args, own.eval_every, points)])
 
     print("\n| step | tokens | minutes | val loss | accuracy at [MASK] | top token share |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -1,9 +1,10 @@
 """Preemption: how close a run killed with SIGKILL and resumed comes to the same run left alone.
 
     python benchmarks/resume_curve.py --kill_after_step 100 --output_dir runs/resume -- \
-        --no_tpu --train_dataset shards/train --eval_dataset shards/validation --tokenizer tokenizer \
-        --num_epochs 2 --save_steps 50 --per_replica_batch_size 16 \
-        --config_overrides hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512
+        --no_tpu --train_dataset shards/train --eval_dataset shards/validation \
+        --tokenizer tokenizer --num_epochs 2 --save_steps 50 --per_replica_batch_size 16 \
+        --config_overrides \
+        hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512
 
 Everything after `--` goes to run_mlm.py unchanged. The script runs it twice into
 `<output_dir>/uninterrupted` and `<output_dir>/interrupted`. The second run is killed (SIGKILL, no

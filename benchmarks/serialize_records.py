@@ -2,31 +2,35 @@
 """Building tf.train.Example bytes for packed sequences: four ways, alone and inside prepare's whole
 run.
 
-    python benchmarks/serialize_records.py --train_file wt2/train.txt --tokenizer wt2/tokenizer --repeats 7
+    python benchmarks/serialize_records.py --train_file wt2/train.txt --tokenizer wt2/tokenizer \
+        --repeats 7
 
 prepare_tfrecord_shards.py turns every [N, max_length] block of token ids into N serialized Examples
 with one int64 feature. The ways compared, all checked to give the same bytes:
 
-  varints     mlm_pipeline.packing.serialize_examples, what prepare uses: a protobuf encoder in numpy (the
-              varints of the whole array at once, then the few bytes that open each record, cached by size),
-              which needs no TensorFlow, so Apache Beam's workers run it too
-  per-row     tf.train.Example(... Int64List(value=row.tolist()) ...).SerializeToString() for each row: the
-              textbook way
+  varints     mlm_pipeline.packing.serialize_examples, what prepare uses: a protobuf encoder in
+              numpy (the varints of the whole array at once, then the few bytes that open each
+              record, cached by size), which needs no TensorFlow, so Apache Beam's workers run it
+              too
+  per-row     tf.train.Example(... Int64List(value=row.tolist()) ...).SerializeToString() for each
+              row: the textbook way
   reused      one Example object, its Int64List emptied and `.extend(row)`-ed for each row
-  encode      tf.io.encode_proto on the whole array, one call per level of nesting (Int64List, Feature, the
-              "input_ids" map entry, Features, Example), each on all N rows, which prepare used before
+  encode      tf.io.encode_proto on the whole array, one call per level of nesting (Int64List,
+              Feature, the "input_ids" map entry, Features, Example), each on all N rows, which
+              prepare used before
 
 Two measurements, each repeated --repeats times with the ways in rotating order:
 
 1. Alone: each way on the same int64 [N, max_length] array of real token ids (the records prepare
-   wrote for
-   --train_file). Median seconds, and the median over repeats of each way's time / the varints' time.
+   wrote for --train_file). Median seconds, and the median over repeats of each way's time / the
+   varints' time.
 2. End to end: prepare_tfrecord_shards.py's main() on --train_file, in this process, with
-   packing.serialize_examples replaced by each way; wall and CPU seconds of the whole run (CPU: every thread's), the seconds spent in
-   `serialize` (wall, and the CPU of the main thread, which runs it), and that CPU's share of the run's.
-   prepare tokenizes in --num_proc threads while the main thread packs, serializes and writes, so the wall
-   time inside `serialize` includes waiting for a core; on a shared machine CPU time is the steadier figure.
-   Imports are paid once, by an untimed first run.
+   packing.serialize_examples replaced by each way; wall and CPU seconds of the whole run (CPU:
+   every thread's), the seconds spent in `serialize` (wall, and the CPU of the main thread, which
+   runs it), and that CPU's share of the run's. prepare tokenizes in --num_proc threads while the
+   main thread packs, serializes and writes, so the wall time inside `serialize` includes waiting
+   for a core; on a shared machine CPU time is the steadier figure. Imports are paid once, by an
+   untimed first run.
 
 The machine is printed first; figures from other machines compare only as ratios.
 """
@@ -65,7 +69,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The four ways: int64 [N, L] -> N serialized tf.train.Example, feature "input_ids"
 
 
@@ -124,7 +128,7 @@ def reused(sequences):
 WAYS = {"per-row": per_row, "reused": reused, "encode": encode_proto}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Measuring
 
 
@@ -134,7 +138,8 @@ def print_table(header, rows):
 
 
 def rotations(names, repeats):
-    """The names in a different order each round, so that no way always runs first or after the same one."""
+    """The names in a different order each round, so that no way always runs first or after the same
+    one."""
     for repeat in range(repeats):
         shift = repeat % len(names)
         yield names[shift:] + names[:shift]
@@ -202,7 +207,8 @@ def read_sequences(split_dir, manifest):
 
 
 def alone(sequences, repeats):
-    """Each way on the whole array, once per round; returns {way: [seconds]}. Checks the bytes agree."""
+    """Each way on the whole array, once per round; returns {way: [seconds]}. Checks the bytes
+    agree."""
     expected = per_row(sequences)
     for name, way in WAYS.items():
         assert way(sequences) == expected, f"{name} gives other bytes than tf.train.Example"

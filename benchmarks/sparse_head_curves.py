@@ -1,7 +1,8 @@
 """The sparse LM head against full logits on real shards: loss at every step, and time per step,
 side by side.
 
-    python benchmarks/sparse_head_curves.py --train_dataset shards/train --tokenizer tokenizer --steps 300
+    python benchmarks/sparse_head_curves.py --train_dataset shards/train --tokenizer tokenizer \
+        --steps 300
 
 Both runs start from the same initial weights and read the same batches with the same masks (same
 seed), so any difference in the loss curves comes from the head. run_mlm.py's own functions build
@@ -38,43 +39,37 @@ def parse_args():
 
 
 def train(head, args, tokenizer, manifest):
-    """Per-step losses and seconds per step (the first 5 steps, which trace and warm up, excluded)."""
+    """Per-step losses and seconds per step (the first 5 steps, which trace and warm up,
+    excluded)."""
     import tensorflow as tf
     import tf_keras
 
     overrides = ",".join(f"{k}={v}" for k, v in CONFIGS[args.config].items() if k != "vocab_size")
-    flags = run_mlm.parse_args(
-        [
-            "--train_dataset",
-            args.train_dataset,
-            "--tokenizer",
-            args.tokenizer,
-            "--output_dir",
-            "unused",
-            "--seed",
-            "0",
-            "--shuffle_buffer_size",
-            "10000",
-            "--mlm_head",
-            head,
-            "--learning_rate",
-            str(args.learning_rate),
-            "--warmup_ratio",
-            "0.05",
-            "--per_replica_batch_size",
-            str(args.batch_size),
-            "--no_pytorch_export",
-            "--config_overrides",
-            overrides,
-        ]
-    )  # (run_mlm.py's own flags; its defaults for the rest)
+    paths = ["--train_dataset", args.train_dataset, "--tokenizer", args.tokenizer]
+    options = ["--seed", "0", "--shuffle_buffer_size", "10000", "--mlm_head", head]
+    options += ["--learning_rate", str(args.learning_rate), "--warmup_ratio", "0.05"]
+    options += ["--per_replica_batch_size", str(args.batch_size), "--no_pytorch_export"]
+    options += ["--config_overrides", overrides, "--output_dir", "unused"]
+    flags = run_mlm.parse_args(paths + options)  # run_mlm.py's own flags; its defaults for the rest
     tf_keras.utils.set_random_seed(0)  # the same initial weights for both heads
-    config = run_mlm.build_config(flags, tokenizer, manifest["max_length"])
+    max_length = manifest["max_length"]
+    config = run_mlm.build_config(
+        tokenizer, max_length, **run_mlm.flag_values(flags, run_mlm.CONFIG_FLAGS)
+    )
     dataset = run_mlm.build_dataset(
-        manifest["files"], tokenizer, flags, manifest["max_length"], args.batch_size, training=True
+        manifest["files"],
+        args.batch_size,
+        training=True,
+        tokenizer=tokenizer,
+        max_length=max_length,
+        **run_mlm.flag_values(flags, run_mlm.DATA_FLAGS),
     )
     _, trainer = run_mlm.build_model(
-        config, flags, args.steps, tf.distribute.get_strategy(), tokenizer.mask_token_id
+        config,
+        tf.distribute.get_strategy(),
+        tokenizer.mask_token_id,
+        args.steps,
+        **run_mlm.flag_values(flags, run_mlm.MODEL_FLAGS),
     )
 
     class StepLog(tf_keras.callbacks.Callback):

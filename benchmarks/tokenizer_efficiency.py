@@ -7,10 +7,12 @@
 Trains three Unigram tokenizers of --vocab_size pieces on --train_file, one after the other, in this
 process:
 
-  reference      the old train_unigram.py: 🤗 tokenizers' UnigramTrainer with its defaults, NFKC, a plain
-                 Metaspace pre-tokenizer (prepend_scheme="always"), the five special tokens
-  train_unigram  train_unigram.main() as it is now, whole (reading, training, canonicalizing, saving)
-  sentencepiece  the `sentencepiece` package's own trainer, model_type=unigram, its defaults otherwise
+  reference      the old train_unigram.py: 🤗 tokenizers' UnigramTrainer with its defaults, NFKC, a
+                 plain Metaspace pre-tokenizer (prepend_scheme="always"), the five special tokens
+  train_unigram  train_unigram.main() as it is now, whole (reading, training, canonicalizing,
+                 saving)
+  sentencepiece  the `sentencepiece` package's own trainer, model_type=unigram, its defaults
+                 otherwise
 
 then encodes every non-blank line of --validation_file (without [CLS]/[SEP]) and prints a markdown
 table. Words are the whitespace-separated words of those lines; a bare "▁" is a token that is only
@@ -65,12 +67,13 @@ def parse_args(argv=None):
     return args
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Helpers, shared with tokenizer_training.py
 
 
 def as_txt(path, folder):
-    """`path`, or a .txt link to it in `folder`: train_unigram.py reads a local text corpus from a .txt name."""
+    """`path`, or a .txt link to it in `folder`: train_unigram.py reads a local text corpus from a
+    .txt name."""
     if path.endswith(".txt"):
         return path
     link = os.path.join(folder, "corpus.txt")
@@ -81,7 +84,8 @@ def as_txt(path, folder):
 
 @contextlib.contextmanager
 def quiet():
-    """Silence stdout and stderr at the file-descriptor level: the Rust progress bars write there directly."""
+    """Silence stdout and stderr at the file-descriptor level: the Rust progress bars write there
+    directly."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -101,7 +105,8 @@ def quiet():
 
 @contextlib.contextmanager
 def stopwatch():
-    """Yields a list that holds (wall seconds, CPU seconds of this process, all its threads) once the block ends."""
+    """Yields a list that holds (wall seconds, CPU seconds of this process, all its threads) once
+    the block ends."""
     clock = []
     start, start_cpu = time.perf_counter(), time.process_time()
     yield clock
@@ -117,12 +122,13 @@ def non_blank_lines(path):
         return [line.rstrip("\n") for line in file if line.strip()]
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The three trainers
 
 
 def train_reference(train_file, vocab_size):
-    """The old train_unigram.py's tokenizer and trainer, fed the non-blank lines in batches of 1000."""
+    """The old train_unigram.py's tokenizer and trainer, fed the non-blank lines in batches of
+    1000."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.Unigram())
@@ -181,7 +187,7 @@ def hf_encoder(tokenizer):
     ]
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Measuring
 
 
@@ -198,7 +204,8 @@ def measure(trained, lines, words):
 
 
 def with_literal_unk_as_one(encode, lines):
-    """Each line's tokens, the text around each literal "<unk>" encoded on its own and the literal one token."""
+    """Each line's tokens, the text around each literal "<unk>" encoded on its own and the literal
+    one token."""
     pieces = iter(encode([piece for line in lines for piece in line.split(LITERAL_UNK)]))
     for line in lines:
         tokens = list(next(pieces))

@@ -2,16 +2,18 @@
 """Wall time of train_unigram.py's whole main() versus the 🤗 tokenizers Unigram trainer called
 alone.
 
-    python benchmarks/tokenizer_training.py --train_file wiki.train.tokens --vocab_size 8000 --pairs 8
+    python benchmarks/tokenizer_training.py --train_file wiki.train.tokens --vocab_size 8000 \
+        --pairs 8
 
 Both run in this process, one after the other, in pairs whose order alternates (A B, B A, A B, ...)
 so that a slow spell of a shared machine hits both alike; each pair gives the ratio A / B, and the
 median of those ratios is the result (goal: at most 1.1).
 
-  A  train_unigram.main(): read the file line by line, train, canonicalize, wrap for transformers, save.
+  A  train_unigram.main(): read the file line by line, train, canonicalize, wrap for transformers,
+     save.
   B  the trainer alone: the same tokenizers Tokenizer (train_unigram's normalizer and training
-     pre-tokenizer) and the same UnigramTrainer options, train_from_iterator over the file's lines in
-     batches of 1000; nothing else. So A - B is what train_unigram.py adds around the trainer.
+     pre-tokenizer) and the same UnigramTrainer options, train_from_iterator over the file's lines
+     in batches of 1000; nothing else. So A - B is what train_unigram.py adds around the trainer.
 
 Import time is excluded from both: an untimed run of each first imports every library (transformers,
 tokenizers) and reads the file once, so that both find it in the page cache. The CPU time of this

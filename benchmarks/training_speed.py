@@ -1,11 +1,12 @@
 """Training speed: tokens per second and MFU of run_mlm.py's training step, per model size and
 variant.
 
-    python benchmarks/training_speed.py                         # tiny and small, every variant (~10 min)
+    python benchmarks/training_speed.py             # tiny and small, every variant (~10 min)
     python benchmarks/training_speed.py --configs tiny --rounds 3 --steps 10
 
 Variants (each built with run_mlm.py's own functions, trained with fit() as run_mlm.py does):
-    reference     transformers' own train step: logits at every position, the model's loss (no metrics)
+    reference     transformers' own train step: logits at every position, the model's loss (no
+                  metrics)
     full          run_mlm.py --mlm_head full: logits at every position, gathered at the masked ones
     sparse        run_mlm.py's default: the LM head runs at the masked positions only
     sparse+bf16   ... and --bfloat16 (mixed precision; logits cast to float32 before the loss)
@@ -81,20 +82,21 @@ def training_flops_per_sequence(config, length, predicted_positions):
     return 3 * (config["num_hidden_layers"] * per_layer + head)
 
 
-def masked_batches(args, vocab_size, count=8):
-    """`count` distinct masked batches of random ordinary tokens, [SEP]-separated like packed documents."""
+def masked_batches(batch_size, max_length, mlm_probability, vocab_size, count=8):
+    """`count` distinct masked batches of random ordinary tokens, [SEP]-separated like packed
+    documents."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
-    ids = rng.integers(len(SPECIAL_IDS), vocab_size, size=(count, args.batch_size, args.max_length))
+    ids = rng.integers(len(SPECIAL_IDS), vocab_size, size=(count, batch_size, max_length))
     ids[rng.random(ids.shape) < 0.02] = 1
     batches = []
     for index, batch in enumerate(ids):
         masked, positions, labels = run_mlm.mask_tokens(
             tf.constant(batch, dtype=tf.int32),
             tf.constant([index, 0], dtype=tf.int64),
-            args.mlm_probability,
+            mlm_probability,
             tf.constant(MASK_ID),
             tf.constant(SPECIAL_IDS, dtype=tf.int32),
             tf.range(len(SPECIAL_IDS), vocab_size, dtype=tf.int32),
@@ -104,7 +106,8 @@ def masked_batches(args, vocab_size, count=8):
 
 
 def dense_labels(masked, positions, labels):
-    """[batch, length] labels for transformers' own loss: the sparse labels scattered, -100 elsewhere."""
+    """[batch, length] labels for transformers' own loss: the sparse labels scattered, -100
+    elsewhere."""
     import numpy as np
 
     dense = np.full(masked.shape, -100, dtype=np.int32)
@@ -113,7 +116,7 @@ def dense_labels(masked, positions, labels):
     return dense
 
 
-def build_variant(variant, config_values, batches, args):
+def build_variant(variant, config_values, batches, max_length):
     """A compiled model and an endless in-memory dataset in the format that model trains on."""
     import tensorflow as tf
     import tf_keras
@@ -124,7 +127,7 @@ def build_variant(variant, config_values, batches, args):
         pad_token_id=PAD_ID,
         bos_token_id=0,
         eos_token_id=1,
-        max_position_embeddings=args.max_length + PAD_ID + 1,
+        max_position_embeddings=max_length + PAD_ID + 1,
     )
     tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if "bf16" in variant else "float32")
     try:
@@ -134,7 +137,10 @@ def build_variant(variant, config_values, batches, args):
             optimizer, _ = create_optimizer(init_lr=1e-4, num_train_steps=10**6, num_warmup_steps=0)
             # no loss: the model's own, as the pipeline used to train
             model.compile(optimizer=optimizer)
-            elements = [({"input_ids": m, "labels": dense_labels(m, p, l)},) for m, p, l in batches]
+            elements = [
+                ({"input_ids": ids, "labels": dense_labels(ids, positions, labels)},)
+                for ids, positions, labels in batches
+            ]
         else:
             flags = run_mlm.parse_args(
                 [
@@ -155,9 +161,16 @@ def build_variant(variant, config_values, batches, args):
                 ]
             )  # (run_mlm.py's own flags; its defaults for the rest)
             _, model = run_mlm.build_model(
-                config, flags, 10**6, tf.distribute.get_strategy(), MASK_ID
+                config,
+                tf.distribute.get_strategy(),
+                MASK_ID,
+                10**6,
+                **run_mlm.flag_values(flags, run_mlm.MODEL_FLAGS),
             )
-            elements = [({"input_ids": m, "masked_positions": p}, l) for m, p, l in batches]
+            elements = [
+                ({"input_ids": ids, "masked_positions": positions}, labels)
+                for ids, positions, labels in batches
+            ]
     finally:
         tf_keras.mixed_precision.set_global_policy("float32")
     # one leading axis of batches
@@ -174,9 +187,12 @@ def seconds_per_step(model, dataset, steps):
 def benchmark_config(name, args):
     """(variant, median seconds per step, FLOPs per step) for every variant of one config."""
     config_values = CONFIGS[name]
-    batches = masked_batches(args, config_values["vocab_size"])
+    batches = masked_batches(
+        args.batch_size, args.max_length, args.mlm_probability, config_values["vocab_size"]
+    )
     models = {
-        variant: build_variant(variant, config_values, batches, args) for variant in args.variants
+        variant: build_variant(variant, config_values, batches, args.max_length)
+        for variant in args.variants
     }
     for model, dataset in models.values():  # trace, build the optimizer, warm the caches
         seconds_per_step(model, dataset, 3)
