@@ -8,8 +8,10 @@ pytest's temporary folder so that the tests never write into the user's cache.
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,13 +42,14 @@ SHARD_SIZE = 100  # train shards: a few full ones and a smaller last one
 TINY_MODEL = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
 
 _WORDS = """
-the a of and to in is was for on that with as by at from it an be this which or are were has had have not
-but all they their one more time new two first after other also some when into its only than can then most
-about over under between before city river house garden school music story king queen water light stone
-bridge market forest mountain island village road tower field summer winter morning evening people children
-teacher farmer doctor writer painter sailor museum library harbour window letter small large old young green
-quiet bright dark famous ancient northern southern long short heavy narrow built opened wrote played walked
-found carried painted crossed visited described followed remembered answered gathered
+the a of and to in is was for on that with as by at from it an be this which or are were has had
+have not but all they their one more time new two first after other also some when into its only
+than can then most about over under between before city river house garden school music story king
+queen water light stone bridge market forest mountain island village road tower field summer winter
+morning evening people children teacher farmer doctor writer painter sailor museum library harbour
+window letter small large old young green quiet bright dark famous ancient northern southern long
+short heavy narrow built opened wrote played walked found carried painted crossed visited described
+followed remembered answered gathered
 """.split()
 _RARE = [
     "café",
@@ -99,7 +102,8 @@ def read_lines(path):
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_hf_cache(tmp_path_factory):
-    """Point every Hugging Face cache into pytest's temporary folder (read once, when the libraries load)."""
+    """Point every Hugging Face cache into pytest's temporary folder (read once, when the libraries
+    load)."""
     loaded = [
         name for name in ("huggingface_hub", "datasets", "transformers") if name in sys.modules
     ]
@@ -126,14 +130,7 @@ def tokenizer_dir(corpus, tmp_path_factory):
     import train_unigram
 
     output_dir = tmp_path_factory.mktemp("tokenizer")
-    argv = [
-        "--train_file",
-        str(corpus["train"]),
-        "--vocab_size",
-        str(VOCAB_SIZE),
-        "--output_dir",
-        str(output_dir),
-    ]
+    argv = flags(train_file=corpus["train"], vocab_size=VOCAB_SIZE, output_dir=output_dir)
     train_unigram.main(train_unigram.parse_args(argv))
     return output_dir
 
@@ -151,23 +148,46 @@ def shards_dir(corpus, tokenizer_dir, tmp_path_factory):
     import prepare_tfrecord_shards as prepare
 
     output_dir = tmp_path_factory.mktemp("shards")
-    for split, shard_size in (("train", SHARD_SIZE), ("validation", 10000)):
-        argv = [
-            f"--{split}_file",
-            str(corpus[split]),
-            "--split",
-            split,
-            "--tokenizer_name_or_path",
-            str(tokenizer_dir),
-            "--max_length",
-            str(MAX_LENGTH),
-            "--shard_size",
-            str(shard_size),
-            "--output_dir",
-            str(output_dir),
-        ]
-        prepare.main(prepare.parse_args(argv))
+    for split in ("train", "validation"):
+        prepare.main(prepare.parse_args(prepare_flags(corpus, tokenizer_dir, split, output_dir)))
     return output_dir
+
+
+@pytest.fixture(scope="session")
+def bad_inputs(corpus, tokenizer_dir, shards_dir, tmp_path_factory):
+    """Good and bad files the bad-input cases (tests/refusals.py) point at, by the names their
+    commands use in {braces}."""
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    good = corpus["train"].read_bytes()
+    # a Latin-1 line after a whole corpus: found after shards are written
+    not_utf8 = folder / "latin1.txt"
+    not_utf8.write_bytes(good + "Un café au lait.\n".encode("latin-1") + good)
+    zero_bytes = folder / "zero.txt"
+    zero_bytes.write_bytes(b"")
+    word_document = folder / "corpus.docx"
+    word_document.write_bytes(good)
+    a_file = folder / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    empty_folder = folder / "empty_folder"
+    empty_folder.mkdir()
+    split_is_a_file = folder / "split_is_a_file"  # an output folder whose train/ cannot be made
+    split_is_a_file.mkdir()
+    (split_is_a_file / "train").write_text("a file where the split's folder should be\n")
+    return {
+        "corpus": corpus["train"],
+        "corpus_folder": corpus["train"].parent,
+        "tokenizer": tokenizer_dir,
+        "shards": shards_dir,
+        "train_shards": shards_dir / "train",
+        "not_utf8": not_utf8,
+        "not_utf8_line": len(read_lines(corpus["train"])) + 1,
+        "blank_lines": write_lines(folder / "blank.txt", ["", "   ", "", "\t", ""]),
+        "zero_bytes": zero_bytes,
+        "word_document": word_document,
+        "a_file": a_file,
+        "empty_folder": empty_folder,
+        "split_is_a_file": split_is_a_file,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -186,7 +206,8 @@ def read_manifest():
 
 @pytest.fixture(scope="session")
 def read_records():
-    """All input_ids records of the given TFRecord files, in order, as a list of int lists (via tf.data)."""
+    """All input_ids records of the given TFRecord files, in order, as a list of int lists (via
+    tf.data)."""
 
     def read(files, max_length=MAX_LENGTH):
         import tensorflow as tf
@@ -207,17 +228,110 @@ def subprocess_env():
     return env
 
 
+def script_command(script, *args):
+    """The command line that runs a root script (or `-c` code) with this interpreter."""
+    target = [script] if script == "-c" else [str(REPO / script)]
+    return [sys.executable, *target, *[str(arg) for arg in args]]
+
+
+def run_command(script, *args, env=None, timeout=600, cwd=REPO):
+    """Run a root script as a subprocess (in the repo root, env = subprocess_env() unless given) to
+    its end; returns the CompletedProcess, output captured as text."""
+    env = subprocess_env() if env is None else env
+    command = script_command(script, *args)
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="session")
 def run_script():
-    """Run a root script as a subprocess (this interpreter, cwd = repo root); returns CompletedProcess."""
+    """Run a root script as a subprocess (this interpreter, cwd = repo root); returns
+    CompletedProcess."""
+    return run_command
 
-    def run(script, *args, timeout=600):
-        command = [sys.executable, str(REPO / script), *[str(arg) for arg in args]]
-        return subprocess.run(
-            command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
-        )
 
-    return run
+def start_script(
+    script, *args, env=None, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen
+):
+    """Start a root script as run_command does, without waiting: stdout discarded and stderr piped
+    unless `stdout` and `stderr` say otherwise."""
+    env = subprocess_env() if env is None else env
+    command = script_command(script, *args)
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=stdout, stderr=stderr, text=True, **popen
+    )
+
+
+def kill_when(process, ready, waiting_for, timeout=300, pause=0.01, group=False, log=None):
+    """SIGKILL a start_script process, with no warning, as soon as `ready()` is true (its whole
+    process group with `group`). Fails if it ends first (showing its stderr, or the file `log` that
+    holds it) or if `waiting_for` does not come within `timeout` seconds."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if process.poll() is not None:
+                errors = Path(log).read_text() if log else process.stderr.read()
+                raise AssertionError(f"it ended before {waiting_for}: {errors[-3000:]}")
+            assert time.monotonic() < deadline, f"no {waiting_for} within {timeout} s"
+            time.sleep(pause)
+        if group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+        if process.stderr:
+            process.stderr.close()
+
+
+def flags(**named):
+    """Command-line flags as strings, `--name value` for each of `named` in order (`--name` alone
+    for True; nothing for None or False)."""
+    words = []
+    for name, value in named.items():
+        if value is True:
+            words.append(f"--{name}")
+        elif value is not None and value is not False:
+            words += [f"--{name}", str(value)]
+    return words
+
+
+def mlm_flags(train_dataset, tokenizer, output_dir, *extra, **named):
+    """run_mlm.py's flags, off TPU, for the given data, tokenizer and output folder; `named` flags
+    and then `extra` words follow (a later flag wins)."""
+    return [
+        *flags(
+            no_tpu=True,
+            train_dataset=train_dataset,
+            tokenizer=tokenizer,
+            output_dir=output_dir,
+            **named,
+        ),
+        *[str(word) for word in extra],
+    ]
+
+
+def prepare_flags(corpus, tokenizer_dir, split, output_dir, **named):
+    """prepare_tfrecord_shards.py's flags for one split of `corpus` ({split: its file}), with the
+    shard sizes the shards_dir fixture uses; `named` flags add to or replace these."""
+    defaults = {
+        f"{split}_file": corpus[split],
+        "split": split,
+        "tokenizer_name_or_path": tokenizer_dir,
+        "max_length": MAX_LENGTH,
+        "shard_size": SHARD_SIZE if split == "train" else 10000,
+        "output_dir": output_dir,
+    }
+    return flags(**{**defaults, **named})
+
+
+def tiny_run_flags(shards_dir, tokenizer_dir, output_dir, *extra, **named):
+    """run_mlm.py's flags for the tiny model on shards_dir's train split, evaluated on its
+    validation split; `named` flags add to or replace these, `extra` words follow."""
+    named = {"eval_dataset": shards_dir / "validation", "config_overrides": TINY_MODEL, **named}
+    return mlm_flags(shards_dir / "train", tokenizer_dir, output_dir, *extra, **named)
 
 
 def files_in(folder):
@@ -230,7 +344,8 @@ def files_in(folder):
 
 
 def assert_same_files(actual, expected):
-    """Two folders' files ({relative path: bytes}, as files_in gives them) are the same, byte for byte."""
+    """Two folders' files ({relative path: bytes}, as files_in gives them) are the same, byte for
+    byte."""
     assert sorted(actual) == sorted(expected)
     different = [name for name in expected if actual[name] != expected[name]]
     assert different == [], f"these files differ from the expected ones: {different}"
@@ -242,7 +357,7 @@ def last_line(text):
     return lines[-1] if lines else ""
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Hub datasets, offline: a local folder laid out as a Hub repository, and a datasets cache of a
 # test's own
 

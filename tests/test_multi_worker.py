@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH, REPO, subprocess_env
+from conftest import MAX_LENGTH, REPO, flags, subprocess_env
 
 import run_mlm
 from mlm_pipeline import contract, hosts
@@ -38,13 +38,15 @@ args, kwargs = next((args, kwargs) for args, kwargs in calls if kwargs["training
 kwargs.update(start_epoch=0, start_batch=0)
 sequences = []
 for features, labels in build_dataset(*args, **kwargs).take(kwargs["batches_per_epoch"]):
-    ids, positions, labels = features["input_ids"].numpy(), features["masked_positions"].numpy(), labels.numpy()
+    ids, labels = features["input_ids"].numpy(), labels.numpy()
+    positions = features["masked_positions"].numpy()
     for row in range(len(ids)):
         scored = labels[row] != -100
         ids[row, positions[row][scored]] = labels[row][scored]
     sequences.append(ids)
-np.savez(os.environ["WORKER_RESULT"], sequences=np.concatenate(sequences),
-         **{f"weight_{index}": weight.numpy() for index, weight in enumerate(trainer.masked_lm.weights)})
+weights = trainer.masked_lm.weights
+weights = {f"weight_{index}": weight.numpy() for index, weight in enumerate(weights)}
+np.savez(os.environ["WORKER_RESULT"], sequences=np.concatenate(sequences), **weights)
 """
 
 
@@ -85,30 +87,22 @@ def equal_shards(corpus, tokenizer_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(equal_shards, shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
-    """Two worker processes of one cluster on loopback, run to the end; their outputs and results."""
+    """Two worker processes of one cluster on loopback, run to the end; their outputs and
+    results."""
     folder = tmp_path_factory.mktemp("cluster")
     addresses = [f"localhost:{port}" for port in free_ports(2)]
-    argv = [
-        "--multi_worker",
-        "--train_dataset",
-        str(equal_shards),
-        "--eval_dataset",
-        str(equal_shards),
-        "--tokenizer",
-        str(tokenizer_dir),
-        "--output_dir",
-        str(folder / "model"),
-        "--seed",
-        "0",
-        "--config_overrides",
-        tiny_model,
-        "--per_replica_batch_size",
-        str(PER_REPLICA),
-        "--num_epochs",
-        str(EPOCHS),
-        "--save_steps",
-        "10",
-    ]
+    argv = flags(
+        multi_worker=True,
+        train_dataset=equal_shards,
+        eval_dataset=equal_shards,
+        tokenizer=tokenizer_dir,
+        output_dir=folder / "model",
+        seed=0,
+        config_overrides=tiny_model,
+        per_replica_batch_size=PER_REPLICA,
+        num_epochs=EPOCHS,
+        save_steps=10,
+    )
     workers = []
     for index in range(2):
         # each worker's temporary files, to check what it leaves behind
@@ -214,16 +208,8 @@ def test_multi_worker_needs_a_usable_tf_config(
     monkeypatch.delenv("TF_CONFIG", raising=False)
     if tf_config is not None:
         monkeypatch.setenv("TF_CONFIG", tf_config)
-    result = run_script(
-        "run_mlm.py",
-        "--multi_worker",
-        "--train_dataset",
-        shards_dir / "train",
-        "--tokenizer",
-        tokenizer_dir,
-        "--output_dir",
-        tmp_path / "model",
-    )
+    args = flags(train_dataset=shards_dir / "train", tokenizer=tokenizer_dir)
+    result = run_script("run_mlm.py", "--multi_worker", *args, "--output_dir", tmp_path / "model")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith("run_mlm.py: error: ") and needle in result.stderr

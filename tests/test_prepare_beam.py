@@ -10,19 +10,15 @@ this process or in worker processes), offline.
 import io
 import os
 import random
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from conftest import (
-    MAX_LENGTH,
-    REPO,
     assert_same_files,
     files_in,
+    kill_when,
     make_corpus_lines,
-    subprocess_env,
+    prepare_flags,
+    start_script,
 )
 
 import prepare_tfrecord_shards as prepare
@@ -30,8 +26,7 @@ from mlm_pipeline import corpus
 
 IN_PROCESS = ["--runner", "DirectRunner"]
 TWO_PROCESSES = [
-    "--runner",
-    "DirectRunner",
+    *IN_PROCESS,
     "--direct_num_workers",
     2,
     "--direct_running_mode",
@@ -44,19 +39,8 @@ def run_in_process(argv):
 
 
 def prepare_argv(pattern, tokenizer_dir, output_dir, *extra):
-    return [
-        "--train_file",
-        pattern,
-        "--tokenizer_name_or_path",
-        tokenizer_dir,
-        "--max_length",
-        MAX_LENGTH,
-        "--shard_size",
-        30,
-        "--output_dir",
-        output_dir,
-        *extra,
-    ]
+    source = {"train": pattern}
+    return [*prepare_flags(source, tokenizer_dir, "train", output_dir, shard_size=30), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +100,8 @@ def test_beam_writes_what_the_single_process_writes(
 
 
 def test_blocks_start_afresh_in_each_file(corpus_files, single_process):
-    """One block per file at --rows_per_block 400: a block never spans two files, and --limit cut the second."""
+    """One block per file at --rows_per_block 400: a block never spans two files, and --limit cut
+    the second."""
     manifest = single_process["one block per file, --limit inside the second file"][
         "train/manifest.json"
     ]
@@ -180,30 +165,17 @@ def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(
         str(arg)
         for arg in prepare_argv(long_corpus, tokenizer_dir, output_dir, *extra, *TWO_PROCESSES)
     ]
-    script = subprocess.Popen(
-        [sys.executable, "prepare_tfrecord_shards.py", *argv],
-        cwd=REPO,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    script = start_script("prepare_tfrecord_shards.py", *argv, start_new_session=True)
     split_dir = output_dir / "train"
-    try:
-        deadline = time.monotonic() + 300
-        while not (
+
+    def three_shards():
+        return (
             split_dir.exists()
             and sum(name.endswith(".tfrecord") for name in os.listdir(split_dir)) >= 3
-        ):
-            assert script.poll() is None, (
-                f"the pipeline ended before writing shards: {script.stderr.read()[-3000:]}"
-            )
-            assert time.monotonic() < deadline, "no shard appeared"
-            time.sleep(0.005)
-        os.killpg(script.pid, signal.SIGKILL)  # the launcher and its worker processes
-    finally:
-        script.kill()
-        script.wait()
+        )
+
+    # the launcher and its worker processes
+    kill_when(script, three_shards, "three shards", pause=0.005, group=True)
     left = os.listdir(split_dir)
     assert "manifest.json" not in left and len(left) < len(os.listdir(uninterrupted / "train"))
 
@@ -212,7 +184,7 @@ def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(
     assert_same_files(files_in(output_dir), files_in(uninterrupted))
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The reading both paths share
 
 
@@ -267,9 +239,10 @@ def test_a_glob_is_read_in_sorted_order_and_refused_when_it_matches_nothing(corp
         corpus.input_files(str(corpus_files / "nothing-*.txt"), "--train_file")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Pipeline options refused before anything runs (in this process: Dataflow's runner takes seconds to
-# import, once; tests/test_bad_input.py shows, with an unknown runner, that the refusal is one line)
+# --------------------------------------------------------------------------------------------------
+# Pipeline options refused before anything runs (in this process: Dataflow's runner takes seconds
+# to import, once; tests/test_prepare_shards.py shows, with an unknown runner, that the refusal is
+# one line)
 
 DATAFLOW = [
     "--runner",

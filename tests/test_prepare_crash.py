@@ -14,18 +14,17 @@ paying for another TensorFlow start-up.
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from conftest import (
     MAX_LENGTH,
-    REPO,
     assert_same_files,
     files_in,
+    flags,
+    kill_when,
     make_corpus_lines,
-    subprocess_env,
+    run_command,
+    start_script,
     write_lines,
 )
 
@@ -87,18 +86,13 @@ runpy.run_path(script, run_name="__main__")
 
 
 def prepare_argv(train_file, tokenizer_dir, output_dir, shard_size=SHARD_SIZE):
-    return [
-        "--train_file",
-        train_file,
-        "--tokenizer_name_or_path",
-        tokenizer_dir,
-        "--max_length",
-        MAX_LENGTH,
-        "--shard_size",
-        shard_size,
-        "--output_dir",
-        output_dir,
-    ]
+    return flags(
+        train_file=train_file,
+        tokenizer_name_or_path=tokenizer_dir,
+        max_length=MAX_LENGTH,
+        shard_size=shard_size,
+        output_dir=output_dir,
+    )
 
 
 def run_in_process(argv):
@@ -107,22 +101,8 @@ def run_in_process(argv):
 
 def run_killed(event, count, argv):
     """Run the script with `argv` in a subprocess that SIGKILLs itself at the `count`-th `event`."""
-    command = [
-        sys.executable,
-        "-c",
-        KILLING_LAUNCHER,
-        event,
-        str(count),
-        "prepare_tfrecord_shards.py",
-    ]
-    return subprocess.run(
-        command + [str(arg) for arg in argv],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    launcher = ["-c", KILLING_LAUNCHER, event, count, "prepare_tfrecord_shards.py"]
+    return run_command(*launcher, *argv, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +168,9 @@ def test_killed_then_rerun_writes_what_an_uninterrupted_run_writes(
     if finished:  # the run had completed: a finished split is replaced only on request
         with pytest.raises(prepare.UsageError, match="--overwrite_output_dir"):
             run_in_process(argv)
-    # an unfinished split is no finished one: the same command, without --overwrite_output_dir,
-    # completes it
     else:
+        # an unfinished split is no finished one: the same command, without
+        # --overwrite_output_dir, completes it
         run_in_process(argv)
     assert_same_files(files_in(output_dir), uninterrupted)
 
@@ -216,7 +196,8 @@ def test_killed_while_clearing_an_older_split_leaves_no_manifest(
 
 @pytest.fixture(scope="module")
 def long_corpus(tmp_path_factory):
-    """Enough text for hundreds of tiny shards: writing them takes long enough to kill the script midway."""
+    """Enough text for hundreds of tiny shards: writing them takes long enough to kill the script
+    midway."""
     return write_lines(
         tmp_path_factory.mktemp("long_corpus") / "train.txt", make_corpus_lines(6000, seed=3)
     )
@@ -225,10 +206,7 @@ def long_corpus(tmp_path_factory):
 def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(
     long_corpus, tokenizer_dir, tmp_path
 ):
-    argv = [
-        str(arg)
-        for arg in prepare_argv(long_corpus, tokenizer_dir, tmp_path / "shards", shard_size=10)
-    ]
+    argv = prepare_argv(long_corpus, tokenizer_dir, tmp_path / "shards", shard_size=10)
     run_in_process(
         prepare_argv(long_corpus, tokenizer_dir, tmp_path / "uninterrupted", shard_size=10)
     )
@@ -239,27 +217,12 @@ def test_killed_from_outside_then_rerun_needs_no_overwrite_flag(
     split_dir = tmp_path / "shards" / "train"
     stderr = tmp_path / "stderr.txt"
     with stderr.open("w") as stderr_file:
-        script = subprocess.Popen(
-            [sys.executable, "prepare_tfrecord_shards.py", *argv],
-            cwd=REPO,
-            env=subprocess_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=stderr_file,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while not (
-            split_dir.exists() and any(SHARD_NAME.match(name) for name in os.listdir(split_dir))
-        ):
-            assert script.poll() is None, (
-                f"the script ended before writing a shard: {stderr.read_text()[-3000:]}"
-            )
-            assert time.monotonic() < deadline, "no shard appeared"
-            time.sleep(0.001)
-        script.send_signal(signal.SIGKILL)
-    finally:
-        script.kill()
-        script.wait()
+        script = start_script("prepare_tfrecord_shards.py", *argv, stderr=stderr_file)
+
+    def a_shard():
+        return split_dir.exists() and any(SHARD_NAME.match(name) for name in os.listdir(split_dir))
+
+    kill_when(script, a_shard, "shard", pause=0.001, log=stderr)
     assert script.returncode == -signal.SIGKILL
     written = [name for name in os.listdir(split_dir) if SHARD_NAME.match(name)]
     assert 1 <= len(written) < shards and "manifest.json" not in os.listdir(split_dir)

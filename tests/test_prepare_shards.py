@@ -11,11 +11,13 @@ from conftest import (
     MAX_LENGTH,
     SHARD_SIZE,
     dataset_files,
+    flags,
     make_corpus_lines,
     read_lines,
     write_hub_layout,
     write_lines,
 )
+from refusals import PREPARE, case, refused, refused_command
 
 import prepare_tfrecord_shards as prepare
 from mlm_pipeline import corpus, packing
@@ -28,18 +30,13 @@ SHARD_NAME = re.compile(
 def run_prepare(
     train_file, tokenizer_dir, output_dir, *extra, split="train", max_length=MAX_LENGTH
 ):
-    argv = [
-        f"--{split}_file",
-        str(train_file),
-        "--split",
-        split,
-        "--tokenizer_name_or_path",
-        str(tokenizer_dir),
-        "--max_length",
-        str(max_length),
-        "--output_dir",
-        str(output_dir),
-    ]
+    argv = flags(
+        **{f"{split}_file": train_file},
+        split=split,
+        tokenizer_name_or_path=tokenizer_dir,
+        max_length=max_length,
+        output_dir=output_dir,
+    )
     return prepare.main(prepare.parse_args(argv + [str(arg) for arg in extra]))
 
 
@@ -211,7 +208,8 @@ def test_limit_uses_only_the_first_rows(tokenizer_dir, tokenizer, corpus, tmp_pa
 def test_plain_text_under_any_extension_is_read_as_text(
     shards_dir, tokenizer_dir, corpus, tmp_path, read_records, name
 ):
-    """WikiText's own files (and a file with no extension) need no renaming to .txt: the same shards."""
+    """WikiText's own files (and a file with no extension) need no renaming to .txt: the same
+    shards."""
     path = tmp_path / name
     path.write_bytes(corpus["train"].read_bytes())
     run_prepare(path, tokenizer_dir, tmp_path / "out", "--shard_size", SHARD_SIZE)
@@ -293,20 +291,14 @@ def test_dataset_name_path_selects_the_split(
     dataset_dir.mkdir()
     for split in ("train", "validation"):
         (dataset_dir / f"{split}.txt").write_bytes(corpus[split].read_bytes())
-    argv = [
-        "--dataset_name",
-        str(dataset_dir),
-        "--dataset_config",
-        "default",
-        "--split",
-        "validation",
-        "--tokenizer_name_or_path",
-        str(tokenizer_dir),
-        "--max_length",
-        str(MAX_LENGTH),
-        "--output_dir",
-        str(tmp_path / "shards"),
-    ]
+    argv = flags(
+        dataset_name=dataset_dir,
+        dataset_config="default",
+        split="validation",
+        tokenizer_name_or_path=tokenizer_dir,
+        max_length=MAX_LENGTH,
+        output_dir=tmp_path / "shards",
+    )
     prepare.main(prepare.parse_args(argv))
     split_dir = tmp_path / "shards" / "validation"
     manifest = read_manifest(split_dir)
@@ -319,7 +311,7 @@ def test_dataset_name_path_selects_the_split(
     assert not (tmp_path / "shards" / "test").exists()
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The fast paths give exactly what the straightforward code gives; bad input midway leaves nothing
 # behind
 
@@ -387,7 +379,8 @@ def test_serialize_of_no_rows_is_nothing():
 
 
 def test_tfrecord_bytes_are_what_tensorflows_writer_writes(tmp_path):
-    """The shards are framed without TensorFlow (Beam's workers do not have it): length, checksums, record."""
+    """The shards are framed without TensorFlow (Beam's workers do not have it): length, checksums,
+    record."""
     import tensorflow as tf
 
     records = packing.serialize_examples(rows_of_every_kind(129, seed=7)) + [b"", b"x" * 300]
@@ -403,7 +396,10 @@ def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
 
     # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85, \u2028 and friends are
     # not.
-    text = "\ufeffbom\r\nwindows\rold mac\n\nform\x0bfeed\x0c\x1c\x1d\x1e\x85\u2028\u2029 end\n \t \nno newline"
+    text = (
+        "\ufeffbom\r\nwindows\rold mac\n\nform\x0bfeed"
+        "\x0c\x1c\x1d\x1e\x85\u2028\u2029 end\n \t \nno newline"
+    )
     path = tmp_path / "tricky.txt"
     path.write_bytes(text.encode("utf-8"))
     builder = datasets.load_dataset(
@@ -433,7 +429,8 @@ def test_batch_encoder_gives_the_tokenizers_ids(tokenizer):
 
 
 def test_batch_encoder_ignores_truncation_and_padding_set_on_the_tokenizer(tokenizer_dir):
-    """transformers turns a backend's own truncation and padding off for `tokenizer(texts)`; so must we."""
+    """transformers turns a backend's own truncation and padding off for `tokenizer(texts)`; so must
+    we."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -566,3 +563,180 @@ def test_streaming_a_hub_dataset_writes_nothing_to_the_cache(
         )
         for shard in shard_files(from_text / "train"):
             assert (output_dir / "train" / shard.name).read_bytes() == shard.read_bytes()
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input, as the user meets it: prepare_tfrecord_shards.py in a subprocess (tests/refusals.py)
+
+BAD_FLAGS_AND_FILES = [
+    case(
+        "prepare: no tokenizer",
+        "prepare_tfrecord_shards.py --output_dir {out}",
+        "--tokenizer_name_or_path",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --max_length 12.5",
+        PREPARE + " --max_length 12.5",
+        "--max_length",
+        "'12.5'",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --max_length -5",
+        PREPARE + " --max_length -5",
+        "--max_length: -5 must be a positive",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --shard_size 0",
+        PREPARE + " --shard_size 0",
+        "--shard_size: 0 must be a positive",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --batch_size -1",
+        PREPARE + " --batch_size -1",
+        "--batch_size: -1 must be a positive",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --limit -3",
+        PREPARE + " --limit -3",
+        "--limit: -3 must be a positive",
+        exit_code=2,
+    ),
+    case(
+        "prepare: --num_proc 0",
+        PREPARE + " --num_proc 0",
+        "--num_proc: 0 must be a positive",
+        exit_code=2,
+    ),
+    case("prepare: unknown split", PREPARE + " --split dev", "'dev'", "train, validation, test"),
+    case(
+        "prepare: split without its file",
+        PREPARE + " --split validation",
+        "--split validation",
+        "--validation_file",
+    ),
+    case(
+        "prepare: missing corpus",
+        PREPARE + " --train_file {out}.txt",
+        "--train_file {out}.txt",
+        "does not exist",
+    ),
+    case(
+        "prepare: corpus is a folder",
+        PREPARE + " --train_file {corpus_folder}",
+        "{corpus_folder}",
+        "folder",
+    ),
+    case(
+        "prepare: zero-byte corpus",
+        PREPARE + " --train_file {zero_bytes}",
+        "{zero_bytes}",
+        "is empty",
+    ),
+    case(
+        "prepare: .docx corpus",
+        PREPARE + " --train_file {word_document}",
+        "{word_document}",
+        "'.docx'",
+    ),
+    case(
+        "prepare: output under a file",
+        PREPARE + " --output_dir {a_file}/shards",
+        "{a_file}/shards",
+        "file",
+    ),
+    case(
+        "prepare: split folder is a file",
+        PREPARE + " --output_dir {split_is_a_file}",
+        "could not write",
+        "{split_is_a_file}/train",
+    ),
+    case(
+        "prepare: missing tokenizer",
+        PREPARE + " --tokenizer_name_or_path {out}_tok",
+        "{out}_tok",
+        "not a tokenizer",
+    ),
+    case(
+        "prepare: tokenizer is a file",
+        PREPARE + " --tokenizer_name_or_path {corpus}",
+        "{corpus}",
+        "not a tokenizer",
+    ),
+    case(
+        "prepare: tokenizer folder holds none",
+        PREPARE + " --tokenizer_name_or_path {empty_folder}",
+        "{empty_folder}",
+        "tokenizer.json",
+    ),
+    case(
+        "prepare: shards folder as tokenizer",
+        PREPARE + " --tokenizer_name_or_path {shards}",
+        "{shards}",
+        "tokenizer.json",
+    ),
+    case(
+        "prepare: blank corpus",
+        PREPARE + " --train_file {blank_lines}",
+        "{blank_lines}",
+        "no non-blank text",
+    ),
+    case(
+        "prepare: not UTF-8, after some shards",
+        PREPARE + " --train_file {not_utf8} --batch_size 5 --shard_size 5",
+        "{not_utf8}",
+        "not UTF-8",
+        "line {not_utf8_line}",
+        "0xe9",
+    ),
+    case(
+        "prepare: --rows_per_block 0",
+        PREPARE + " --rows_per_block 0",
+        "--rows_per_block: 0 must be a positive",
+        exit_code=2,
+    ),
+    case(
+        "prepare: a glob matching nothing",
+        PREPARE + " --train_file {out}/*.txt",
+        "{out}/*.txt",
+        "matches no file",
+    ),
+    case(
+        "prepare: unknown runner",
+        PREPARE + " --runner NoSuchRunner",
+        "--runner NoSuchRunner",
+        "DirectRunner",
+    ),
+    case(
+        "prepare: a Beam option without --runner",
+        PREPARE + " --direct_num_workers 2",
+        "--direct_num_workers 2",
+        "--runner",
+        exit_code=2,
+    ),
+]
+
+
+@pytest.mark.parametrize("command, needles, exit_code", BAD_FLAGS_AND_FILES)
+def test_bad_flag_or_file(run_script, bad_inputs, tmp_path, command, needles, exit_code):
+    refused_command(run_script, bad_inputs, tmp_path, command, needles, exit_code)
+
+
+def test_prepare_refuses_to_replace_a_finished_split(
+    run_script, corpus, tokenizer_dir, shards_dir, tmp_path
+):
+    output_dir = tmp_path / "shards"
+    shutil.copytree(shards_dir / "validation", output_dir / "validation")
+    args = flags(
+        validation_file=corpus["validation"],
+        split="validation",
+        tokenizer_name_or_path=tokenizer_dir,
+        max_length=MAX_LENGTH,
+        output_dir=output_dir,
+    )
+    needles = (output_dir / "validation", "--overwrite_output_dir")
+    refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)

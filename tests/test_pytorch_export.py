@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_MODEL, subprocess_env
+from conftest import REPO, TINY_MODEL, flags, mlm_flags, subprocess_env
 
 import run_mlm
 from mlm_pipeline import contract, model_folder
@@ -41,28 +41,22 @@ RTOL, ATOL = 1e-4, 1e-4
 
 
 def train(shards_dir, tokenizer_dir, output_dir, *extra, max_steps=8):
-    argv = [
-        "--no_tpu",
-        "--train_dataset",
-        str(shards_dir / "train"),
-        "--tokenizer",
-        str(tokenizer_dir),
-        "--output_dir",
-        str(output_dir),
-        "--per_replica_batch_size",
-        "8",
-        "--max_steps",
-        str(max_steps),
-        "--learning_rate",
-        "2e-3",  # a few steps away from the uniform guesses of a fresh model
-        "--seed",
-        "0",
-    ]
-    return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
+    argv = mlm_flags(
+        shards_dir / "train",
+        tokenizer_dir,
+        output_dir,
+        *extra,
+        per_replica_batch_size=8,
+        max_steps=max_steps,
+        learning_rate="2e-3",  # a few steps away from the uniform guesses of a fresh model
+        seed=0,
+    )
+    return run_mlm.main(run_mlm.parse_args(argv))
 
 
 def config_file(folder, model_type, **fields):
-    """A --pretrained_model_config JSON naming the model type; the sizes come from --config_overrides."""
+    """A --pretrained_model_config JSON naming the model type; the sizes come from
+    --config_overrides."""
     path = Path(folder) / f"{model_type}.json"
     path.write_text(json.dumps({"model_type": model_type, **fields}))
     return path
@@ -70,7 +64,8 @@ def config_file(folder, model_type, **fields):
 
 @pytest.fixture(scope="module")
 def trained(shards_dir, tokenizer_dir, tmp_path_factory):
-    """{model type: (the trained TF masked LM, its saved folder)}, each trained by run_mlm.main()."""
+    """{model type: (the trained TF masked LM, its saved folder)}, each trained by
+    run_mlm.main()."""
     configs = tmp_path_factory.mktemp("configs")
     models = {}
     for model_type in MODEL_TYPES:
@@ -101,7 +96,8 @@ def transformers5_python():
 
 @pytest.fixture(scope="module")
 def transformers5(transformers5_python, trained, tmp_path_factory):
-    """{model type: what transformers 5 made of the folder}, from one subprocess in .venv-transformers5."""
+    """{model type: what transformers 5 made of the folder}, from one subprocess in
+    .venv-transformers5."""
     folder = tmp_path_factory.mktemp("transformers5")
     request, report = folder / "request.json", folder / "report.json"
     folders = {
@@ -137,7 +133,8 @@ def transformers5(transformers5_python, trained, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tensorflow(trained):
-    """{model type: the trained TF model's padded batch and logits for SENTENCES}, tokenized from its folder."""
+    """{model type: the trained TF model's padded batch and logits for SENTENCES}, tokenized from
+    its folder."""
     from transformers import AutoTokenizer
 
     results = {}
@@ -255,6 +252,12 @@ def test_tensorflow_pipeline_still_loads_the_folder_as_it_is(model_type, trained
         assert [guess["token"] for guess in guesses] == top_tokens(logits).tolist(), sentence
 
 
+def save(masked_lm, tokenizer, output_dir, pytorch_export=True):
+    """As run_mlm.main() saves the model on the chief."""
+    with model_folder.staging(output_dir) as folder:
+        run_mlm.save_model(folder, masked_lm, tokenizer, pytorch_export)
+
+
 def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monkeypatch):
     masked_lm, _ = trained["roberta"]
     published = []
@@ -263,25 +266,26 @@ def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monk
         published.append(Path(target).name)
         return real_replace(source, target)
 
-    real_replace = run_mlm.os.replace
-    monkeypatch.setattr(run_mlm.os, "replace", replace)
-    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))
+    real_replace = model_folder.os.replace
+    monkeypatch.setattr(model_folder.os, "replace", replace)
+    save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert contract.PYTORCH_DIR in published and published[-1] == "config.json"
     copy = tmp_path / "with" / contract.PYTORCH_DIR
     assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {
         path.name for path in copy.iterdir()
     }
     # replacing a saved model replaces its copy too
-    model_folder.save(masked_lm, tokenizer, str(tmp_path / "with"))
+    save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert copy.is_dir()
     published.clear()
-    model_folder.save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
+    save(masked_lm, tokenizer, str(tmp_path / "without"), pytorch_export=False)
     assert contract.PYTORCH_DIR not in published and published[-1] == "config.json"
     assert not (tmp_path / "without" / contract.PYTORCH_DIR).exists()
 
 
 def test_export_refuses_a_pad_id_other_than_1(tokenizer, tmp_path):
-    """TF RoBERTa numbers positions from 1 whatever pad_token_id says; PyTorch would shift them: write nothing."""
+    """TF RoBERTa numbers positions from 1 whatever pad_token_id says; PyTorch would shift them:
+    write nothing."""
     from transformers import RobertaConfig, TFAutoModelForMaskedLM
 
     sizes = dict(item.split("=") for item in TINY_MODEL.split(","))
@@ -291,41 +295,31 @@ def test_export_refuses_a_pad_id_other_than_1(tokenizer, tmp_path):
     masked_lm(masked_lm.dummy_inputs)
     output_dir = tmp_path / "model"
     with pytest.raises(run_mlm.UsageError, match="has id 2.*--no_pytorch_export"):
-        model_folder.save(masked_lm, tokenizer, str(output_dir))
+        save(masked_lm, tokenizer, str(output_dir))
     assert list(output_dir.iterdir()) == []  # not even the TF weights: the staging folder is gone
+
+
+def electra_flags(folder):
+    """The tiny model as an ELECTRA, a model type with no PyTorch copy."""
+    electra = config_file(folder, "electra", embedding_size=32)
+    return flags(pretrained_model_config=electra, config_overrides=TINY_MODEL)
 
 
 def test_unexported_model_type_is_refused_before_training(shards_dir, tokenizer_dir, tmp_path):
     output_dir = tmp_path / "model"
-    electra = config_file(tmp_path, "electra", embedding_size=32)
+    electra = electra_flags(tmp_path)
     with pytest.raises(run_mlm.UsageError) as error:
-        train(
-            shards_dir,
-            tokenizer_dir,
-            output_dir,
-            "--pretrained_model_config",
-            electra,
-            "--config_overrides",
-            TINY_MODEL,
-        )
+        train(shards_dir, tokenizer_dir, output_dir, *electra)
     message = str(error.value)  # what `run_mlm.py: error: ` precedes on the command line
     assert "\n" not in message and "not electra" in message and "--no_pytorch_export" in message
     assert not output_dir.exists() or not any(output_dir.iterdir())
 
 
 def test_no_pytorch_export_trains_any_model_type(shards_dir, tokenizer_dir, tmp_path):
-    electra = config_file(tmp_path, "electra", embedding_size=32)
     output_dir = tmp_path / "model"
+    electra = electra_flags(tmp_path)
     trainer, _ = train(
-        shards_dir,
-        tokenizer_dir,
-        output_dir,
-        "--pretrained_model_config",
-        electra,
-        "--config_overrides",
-        TINY_MODEL,
-        "--no_pytorch_export",
-        max_steps=1,
+        shards_dir, tokenizer_dir, output_dir, *electra, "--no_pytorch_export", max_steps=1
     )
     assert int(trainer.optimizer.iterations.numpy()) == 1
     assert (output_dir / "config.json").is_file() and (output_dir / "tf_model.h5").is_file()

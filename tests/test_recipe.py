@@ -3,36 +3,34 @@ accumulation, and the optimizer flags (clipping, Adam's betas and epsilon)."""
 
 import functools
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH, REPO, subprocess_env
+from conftest import MAX_LENGTH, kill_when, run_command, start_script
 from test_masking import (
     MASK_ID,
     SPECIAL_IDS,
     VOCAB,
-    dataset_args,
+    dataset_options,
     dense_labels,
+    mask_sparse,
     random_batch,
     within_binomial,
 )
 from test_resume import latest_checkpoint_step, load_weights, training_args
 
 import run_mlm
-from mlm_pipeline import checkpoints, contract
+from mlm_pipeline import contract, segments, whole_words
 
 NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Whole-word masking
 
 
 def vocabulary_with_words(seed):
-    """word_starts for the ids of test_masking's random batches: about 60% of the ordinary pieces begin a word."""
+    """word_starts for the ids of test_masking's random batches: about 60% of the ordinary pieces
+    begin a word."""
     rng = np.random.default_rng(seed)
     starts = rng.random(VOCAB) < 0.6
     starts[SPECIAL_IDS] = True
@@ -66,21 +64,7 @@ def check_whole_words(batch, starts, chosen, mlm_probability):
 
 
 def mask_whole_words(input_ids, starts, seed=(1, 2), mlm_probability=0.15, jit_compile=False):
-    import tensorflow as tf
-
-    function = (
-        tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
-    )
-    masked, positions, labels = function(
-        tf.constant(input_ids),
-        tf.constant(seed, dtype=tf.int64),
-        mlm_probability,
-        tf.constant(MASK_ID, dtype=tf.int32),
-        tf.constant(SPECIAL_IDS, dtype=tf.int32),
-        tf.constant(list(range(len(SPECIAL_IDS), VOCAB)), dtype=tf.int32),
-        tf.constant(starts),
-    )
-    return masked.numpy(), positions.numpy(), labels.numpy()
+    return mask_sparse(input_ids, seed, mlm_probability, starts=starts, jit_compile=jit_compile)
 
 
 @pytest.mark.parametrize("mlm_probability", [0.15, 0.4])
@@ -154,11 +138,11 @@ class Vocabulary:
     ],
 )
 def test_word_starts_are_read_from_the_vocabulary_markers(pieces, expected):
-    assert run_mlm.word_start_table(Vocabulary(pieces)) == expected
+    assert whole_words.word_start_table(Vocabulary(pieces)) == expected
 
 
 def test_word_starts_of_this_projects_tokenizer(tokenizer):
-    starts = run_mlm.word_start_table(tokenizer)
+    starts = whole_words.word_start_table(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     assert starts == [piece.startswith("▁") for piece in pieces]
     assert 0.3 < np.mean(starts) < 1.0  # both kinds exist in a real vocabulary
@@ -170,12 +154,7 @@ def test_evaluation_masks_stay_token_masks_with_whole_word_masking(
     files = shard_files(shards_dir / "validation", read_manifest)
     datasets = [
         run_mlm.build_dataset(
-            files,
-            tokenizer,
-            dataset_args(whole_word_masking=flag),
-            MAX_LENGTH,
-            8,
-            training=training,
+            files, 8, training, **dataset_options(tokenizer, whole_word_masking=flag)
         )
         for flag in (False, True)
         for training in (False, True)
@@ -190,7 +169,7 @@ def test_evaluation_masks_stay_token_masks_with_whole_word_masking(
     assert not np.array_equal(first[2], first[3])  # training: whole words
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Sequence-length warmup
 
 
@@ -198,9 +177,9 @@ def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(
     shards_dir, read_manifest, tokenizer
 ):
     files = shard_files(shards_dir / "train", read_manifest)
-    args = dataset_args()
-    whole = run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True)
-    cut = run_mlm.build_dataset(files, tokenizer, args, MAX_LENGTH, 8, training=True, pieces=4)
+    options = dataset_options(tokenizer)
+    whole = run_mlm.build_dataset(files, 8, True, **options)
+    cut = run_mlm.build_dataset(files, 8, True, pieces=4, **options)
     features, labels = next(iter(cut))
     short = MAX_LENGTH // 4
     assert features["input_ids"].shape == (32, short)
@@ -234,9 +213,9 @@ def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(
     ],
 )
 def test_fit_segments_end_at_the_warmup_phase_end(start, total, per_epoch, phase_end, expected):
-    segments = checkpoints.fit_segments(start, total, per_epoch, phase_end=phase_end)
-    assert segments == expected
-    for first_step, _, epochs, steps in segments:  # no fit() call runs across the phase end
+    calls = segments.fit_segments(start, total, per_epoch, phase_end=phase_end)
+    assert calls == expected
+    for first_step, _, epochs, steps in calls:  # no fit() call runs across the phase end
         assert not first_step < phase_end < first_step + epochs * steps
 
 
@@ -265,24 +244,14 @@ def uninterrupted_warmup(shards_dir, tokenizer_dir, tmp_path_factory):
     return output_dir, total, logs
 
 
-def kill_at_checkpoint(command, output_dir, step):
-    """Start `command` and SIGKILL it once a checkpoint of `step` or later exists; that checkpoint's step."""
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while (latest_checkpoint_step(output_dir) or 0) < step:
-        assert process.poll() is None, process.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, f"no checkpoint of step {step} within 300 s"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    process.stderr.close()
+def kill_at_checkpoint(args, output_dir, step):
+    """Start run_mlm.py with `args` and SIGKILL it once a checkpoint of `step` or later exists;
+    that checkpoint's step."""
+
+    def ready():
+        return (latest_checkpoint_step(output_dir) or 0) >= step
+
+    kill_when(start_script("run_mlm.py", *args), ready, f"checkpoint of step {step}")
     return latest_checkpoint_step(output_dir)
 
 
@@ -291,20 +260,14 @@ def test_warmup_survives_a_kill_in_either_phase(
 ):
     straight, total, _ = uninterrupted_warmup
     short_steps = total // 2
-    command = [
-        sys.executable,
-        str(REPO / "run_mlm.py"),
-        *warmup_args(shards_dir, tokenizer_dir, tmp_path, total),
-    ]
+    args = warmup_args(shards_dir, tokenizer_dir, tmp_path, total)
     # Killed in the short phase; the rerun resumes there, crosses the switch, and is killed in the
     # full phase.
-    assert kill_at_checkpoint(command, tmp_path, 5) < short_steps
-    saved = kill_at_checkpoint(command, tmp_path, short_steps + 3)
+    assert kill_at_checkpoint(args, tmp_path, 5) < short_steps
+    saved = kill_at_checkpoint(args, tmp_path, short_steps + 3)
     assert short_steps < saved < total
 
-    rerun = subprocess.run(
-        command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600
-    )
+    rerun = run_command("run_mlm.py", *args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (
         f"at step {saved} of {total}." in rerun.stdout
@@ -347,8 +310,8 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         summary = (
-            r"on 2 replica\(s\) of MirroredStrategy: 6 steps = 0\.\d\d epochs of \d+ steps, batches of "
-            rf"16 x {MAX_LENGTH} tokens"
+            r"on 2 replica\(s\) of MirroredStrategy: 6 steps = 0\.\d\d epochs of \d+ steps, "
+            rf"batches of 16 x {MAX_LENGTH} tokens"
         )
         assert re.search(summary, result.stdout), result.stdout
         assert "Finished: 6 steps" in result.stdout and "val_perplexity" in result.stdout
@@ -359,7 +322,7 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
         np.testing.assert_allclose(accumulated, whole, rtol=1e-4, atol=1e-6)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Gradient accumulation and the optimizer flags
 
 
@@ -411,7 +374,8 @@ def test_accumulated_micro_batches_give_the_step_of_one_batch(
 
 @functools.lru_cache(maxsize=1)
 def initial_weights(shards_dir, tokenizer_dir):
-    """The model's weights before the first step, as every run with --seed 0 starts (same config)."""
+    """The model's weights before the first step, as every run with --seed 0 starts (same
+    config)."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM
 
@@ -419,7 +383,9 @@ def initial_weights(shards_dir, tokenizer_dir):
     args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
     tf_keras.utils.set_random_seed(0)
     masked_lm = TFAutoModelForMaskedLM.from_config(
-        run_mlm.build_config(args, tokenizer, MAX_LENGTH)
+        run_mlm.build_config(
+            tokenizer, MAX_LENGTH, **run_mlm.flag_values(args, run_mlm.CONFIG_FLAGS)
+        )
     )
     masked_lm(masked_lm.dummy_inputs)
     return [weight.numpy() for weight in masked_lm.weights]

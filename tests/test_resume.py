@@ -1,18 +1,15 @@
-"""Preemption: checkpoints every --save_steps, and the same command run again resumes where the run stopped."""
+"""Preemption: checkpoints every --save_steps, and the same command run again resumes where the run
+stopped."""
 
 import json
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_MODEL, subprocess_env
+from conftest import TINY_MODEL, kill_when, run_command, start_script, tiny_run_flags
 
 import run_mlm
-from mlm_pipeline import checkpoints, contract
+from mlm_pipeline import contract, segments
 
 BATCH_SIZE = 8
 SAVE_STEPS = 5
@@ -21,29 +18,17 @@ NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
 
 
 def training_args(shards_dir, tokenizer_dir, output_dir, *extra):
-    args = [
-        "--no_tpu",
-        "--train_dataset",
-        shards_dir / "train",
-        "--eval_dataset",
-        shards_dir / "validation",
-        "--tokenizer",
+    return tiny_run_flags(
+        shards_dir,
         tokenizer_dir,
-        "--output_dir",
         output_dir,
-        "--config_overrides",
-        TINY_MODEL + NO_DROPOUT,
-        "--per_replica_batch_size",
-        BATCH_SIZE,
-        "--save_steps",
-        SAVE_STEPS,
-        "--shuffle_buffer_size",
-        64,
-        "--seed",
-        0,
         *extra,
-    ]
-    return [str(arg) for arg in args]
+        config_overrides=TINY_MODEL + NO_DROPOUT,
+        per_replica_batch_size=BATCH_SIZE,
+        save_steps=SAVE_STEPS,
+        shuffle_buffer_size=64,
+        seed=0,
+    )
 
 
 def latest_checkpoint_step(output_dir):
@@ -77,10 +62,10 @@ def load_weights(folder):
     ],
 )
 def test_fit_segments_cover_exactly_the_remaining_steps(start, total, per_epoch, expected):
-    segments = checkpoints.fit_segments(start, total, per_epoch)
-    assert segments == expected
+    calls = segments.fit_segments(start, total, per_epoch)
+    assert calls == expected
     step = start
-    for first_step, epoch, epochs, steps in segments:
+    for first_step, epoch, epochs, steps in calls:
         assert first_step == step and epoch == first_step // per_epoch
         # no fit() epoch crosses an epoch of the data
         assert steps <= per_epoch - first_step % per_epoch
@@ -96,33 +81,16 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     # the run repeats the data and ends inside the second.
     total = per_epoch + 7
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    command = [sys.executable, str(REPO / "run_mlm.py")]
 
     # SIGKILL, no warning, as soon as the first step checkpoint exists.
     args = training_args(shards_dir, tokenizer_dir, interrupted, "--max_steps", total)
-    process = subprocess.Popen(
-        command + args,
-        cwd=REPO,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while latest_checkpoint_step(interrupted) is None:
-        assert process.poll() is None, process.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "no checkpoint within 300 s"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    process.stderr.close()
+    process = start_script("run_mlm.py", *args)
+    kill_when(process, lambda: latest_checkpoint_step(interrupted) is not None, "checkpoint")
     saved_step = latest_checkpoint_step(interrupted)
     assert SAVE_STEPS <= saved_step < total
     assert not (interrupted / "config.json").exists()  # not a finished model
 
-    rerun = subprocess.run(
-        command + args, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600
-    )
+    rerun = run_command("run_mlm.py", *args)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     # It went back to the newest checkpoint, so at most one save interval of work was lost.
     assert f"ckpt-{saved_step} at step {saved_step} of {total}." in rerun.stdout, rerun.stdout
@@ -184,7 +152,8 @@ class Interrupted(BaseException):
 
 
 def interrupt_at_checkpoint(monkeypatch, step, before):
-    """Make the saving of the checkpoint of `step` interrupt the run, `before` writing it or just after."""
+    """Make the saving of the checkpoint of `step` interrupt the run, `before` writing it or just
+    after."""
     import tensorflow as tf
 
     save = tf.train.CheckpointManager.save

@@ -1,10 +1,12 @@
 import json
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH
+from conftest import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, mlm_flags
+from refusals import RUN_MLM, case, refused, refused_command
 
 import run_mlm
 from mlm_pipeline import contract
@@ -14,25 +16,17 @@ MAX_STEPS = 5
 
 
 def train(shards_dir, tokenizer_dir, output_dir, *extra, eval_split=True):
-    argv = [
-        "--no_tpu",
-        "--train_dataset",
-        str(shards_dir / "train"),
-        "--tokenizer",
-        str(tokenizer_dir),
-        "--output_dir",
-        str(output_dir),
-        "--seed",
-        "0",
-    ]
-    if eval_split:
-        argv += ["--eval_dataset", str(shards_dir / "validation")]
+    evaluation = shards_dir / "validation" if eval_split else None
+    argv = mlm_flags(
+        shards_dir / "train", tokenizer_dir, output_dir, seed=0, eval_dataset=evaluation
+    )
     return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
 
 
 @pytest.fixture(scope="module")
 def run(shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
-    """The whole chain: the session's train_unigram.py tokenizer and shards, then run_mlm.py on them."""
+    """The whole chain: the session's train_unigram.py tokenizer and shards, then run_mlm.py on
+    them."""
     output_dir = tmp_path_factory.mktemp("model")
     model, logs = train(
         shards_dir,
@@ -162,7 +156,8 @@ STEP_CASES = {
 
 @pytest.mark.parametrize("case", STEP_CASES)
 def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path, capsys):
-    """--max_steps is the number of optimizer steps, as in 🤗's Trainer: below, at or beyond --num_epochs."""
+    """--max_steps is the number of optimizer steps, as in 🤗's Trainer: below, at or beyond
+    --num_epochs."""
     batch_size = 16
     per_epoch = steps_per_epoch(shards_dir, read_manifest, batch_size)
     assert per_epoch > 4
@@ -311,7 +306,8 @@ def test_jit_compile_on_the_default_cpu_strategy(shards_dir, tokenizer_dir, tiny
 def test_sparse_head_trains_the_same_model_as_full_logits(
     shards_dir, tokenizer_dir, tiny_model, tmp_path
 ):
-    """Scoring only the masked positions changes the cost, not the maths: same losses, same weights."""
+    """Scoring only the masked positions changes the cost, not the maths: same losses, same
+    weights."""
     common = [
         "--config_overrides",
         tiny_model,
@@ -370,14 +366,334 @@ def test_bfloat16_computes_logits_and_loss_in_float32(
 
 
 def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
-    """TF RoBERTa's positions assume <pad> is id 1; with another id, PyTorch would number them differently."""
+    """TF RoBERTa's positions assume <pad> is id 1; with another id, PyTorch would number them
+    differently."""
     from transformers import AutoTokenizer
 
     args = run_mlm.parse_args(
         ["--train_dataset", "x", "--tokenizer", str(tokenizer_dir), "--output_dir", "x"]
     )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    assert run_mlm.build_config(args, tokenizer, MAX_LENGTH).pad_token_id == 1
+    options = run_mlm.flag_values(args, run_mlm.CONFIG_FLAGS)
+    assert run_mlm.build_config(tokenizer, MAX_LENGTH, **options).pad_token_id == 1
     tokenizer.pad_token = "[SEP]"
     with pytest.raises(run_mlm.UsageError, match=r"pad token '\[SEP\]' has id 2.*fixed at 1"):
-        run_mlm.build_config(args, tokenizer, MAX_LENGTH)
+        run_mlm.build_config(tokenizer, MAX_LENGTH, **options)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input, as the user meets it: run_mlm.py in a subprocess (tests/refusals.py)
+
+BAD_FLAGS_AND_FILES = [
+    case(
+        "run_mlm: no --train_dataset",
+        "run_mlm.py --tokenizer {tokenizer} --output_dir {out}",
+        "--train_dataset",
+        exit_code=2,
+    ),
+    case(
+        "run_mlm: --max_steps ten",
+        RUN_MLM + " --max_steps ten",
+        "--max_steps",
+        "'ten'",
+        exit_code=2,
+    ),
+    case(
+        "run_mlm: --mlm_probability 1.5",
+        RUN_MLM + " --mlm_probability 1.5",
+        "--mlm_probability 1.5",
+    ),
+    case("run_mlm: --mlm_probability 0", RUN_MLM + " --mlm_probability 0", "--mlm_probability 0"),
+    case(
+        "run_mlm: --per_replica_batch_size -1",
+        RUN_MLM + " --per_replica_batch_size -1",
+        "--per_replica_batch_size: -1 must be a positive",
+        exit_code=2,
+    ),
+    case("run_mlm: --max_length -5", RUN_MLM + " --max_length -5", "--max_length -5"),
+    case(
+        "run_mlm: --max_steps 0",
+        RUN_MLM + " --max_steps 0",
+        "--max_steps: 0 must be a positive",
+        exit_code=2,
+    ),
+    case("run_mlm: --warmup_ratio 1", RUN_MLM + " --warmup_ratio 1", "--warmup_ratio 1"),
+    case(
+        "run_mlm: --jit_compile with replicas",
+        RUN_MLM + " --jit_compile --cpu_replicas 2",
+        "--jit_compile",
+        "--cpu_replicas 2",
+    ),
+    case(
+        "run_mlm: missing train shards",
+        RUN_MLM + " --train_dataset {out}_shards",
+        "--train_dataset {out}_shards",
+    ),
+    case(
+        "run_mlm: parent of the splits",
+        RUN_MLM + " --train_dataset {shards}",
+        "{shards}",
+        "manifest.json",
+        "{shards}/train",
+    ),
+    case("run_mlm: missing tokenizer", RUN_MLM + " --tokenizer {out}_tok", "--tokenizer {out}_tok"),
+    case(
+        "run_mlm: --max_length unlike the shards'",
+        RUN_MLM + f" --max_length {2 * MAX_LENGTH}",
+        f"--max_length {2 * MAX_LENGTH}",
+        f" {MAX_LENGTH} ",
+    ),
+]
+
+
+@pytest.mark.parametrize("command, needles, exit_code", BAD_FLAGS_AND_FILES)
+def test_bad_flag_or_file(run_script, bad_inputs, tmp_path, command, needles, exit_code):
+    refused_command(run_script, bad_inputs, tmp_path, command, needles, exit_code)
+
+
+def mlm_args(train_dataset, tokenizer, output_dir, *extra):
+    """A one-step run of the tiny model: the flags the bad-input cases start from."""
+    return mlm_flags(
+        train_dataset, tokenizer, output_dir, *extra, config_overrides=TINY_MODEL, max_steps=1
+    )
+
+
+def test_run_mlm_refuses_to_replace_a_finished_run(run_script, shards_dir, tokenizer_dir, tmp_path):
+    output_dir = tmp_path / "model"
+    output_dir.mkdir()
+    (output_dir / "config.json").write_text('{"model_type": "roberta"}\n')
+    (output_dir / "tf_model.h5").write_bytes(b"finished weights")
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, output_dir, "--overwrite_output_dir")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_without_mask(tokenizer_dir, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("no_mask_tokenizer")
+    for path in tokenizer_dir.iterdir():
+        shutil.copy(path, folder / path.name)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        config = json.loads((folder / name).read_text())
+        del config["mask_token"]
+        (folder / name).write_text(json.dumps(config, indent=2))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    assert tokenizer.mask_token_id is None and tokenizer.pad_token_id is not None
+    return folder
+
+
+def test_run_mlm_tokenizer_without_mask_token(
+    run_script, shards_dir, tokenizer_without_mask, tmp_path
+):
+    output_dir = tmp_path / "model"
+    args = mlm_args(shards_dir / "train", tokenizer_without_mask, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, tokenizer_without_mask, "mask")
+
+
+def test_run_mlm_shards_from_another_tokenizer(run_script, shards_dir, tokenizer_dir, tmp_path):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    manifest["vocab_size"] = VOCAB_SIZE * 10
+    (split_dir / "manifest.json").write_text(json.dumps(manifest))
+    output_dir = tmp_path / "model"
+    args = mlm_args(split_dir, tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, VOCAB_SIZE * 10, "--tokenizer")
+
+
+def test_run_mlm_batch_larger_than_the_data(
+    run_script, shards_dir, tokenizer_dir, read_manifest, tmp_path
+):
+    output_dir = tmp_path / "model"
+    records = read_manifest(shards_dir / "train")["records"]
+    args = mlm_args(
+        shards_dir / "train", tokenizer_dir, output_dir, "--per_replica_batch_size", records + 1
+    )
+    refused(run_script, "run_mlm.py", args, output_dir, records + 1, records)
+
+
+# In-process: checks that run after the tokenizer and manifests load (the CLI turns the same
+# UsageError into the one line, as the subprocess cases above show); as subprocesses they would
+# each add a TensorFlow start-up and test nothing more.
+
+
+def run_in_process(*argv):
+    return run_mlm.main(run_mlm.parse_args([str(arg) for arg in argv]))
+
+
+def assert_nothing_written(output_dir):
+    assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+def test_run_mlm_manifest_listing_missing_shards(shards_dir, tokenizer_dir, tmp_path):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    (split_dir / manifest["shards"][0]["file"]).unlink()
+    with pytest.raises(run_mlm.UsageError, match="no shards found|missing"):
+        run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
+    assert_nothing_written(tmp_path / "model")
+
+
+def test_run_mlm_unfinished_split_without_manifest(shards_dir, tokenizer_dir, tmp_path):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    (split_dir / "manifest.json").unlink()  # what an interrupted prepare_tfrecord_shards.py leaves
+    with pytest.raises(run_mlm.UsageError, match="manifest.json"):
+        run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
+    assert_nothing_written(tmp_path / "model")
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ('{"shards": [', "JSONDecodeError"),
+        ('{"shards": []}', "max_length, records, vocab_size"),
+        ("[1]", "list"),
+    ],
+)
+def test_run_mlm_corrupt_manifest(shards_dir, tokenizer_dir, tmp_path, content, named):
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    (split_dir / "manifest.json").write_text(content)
+    with pytest.raises(
+        run_mlm.UsageError, match="manifest.json is not one prepare_tfrecord_shards.py wrote"
+    ) as error:
+        run_in_process(*mlm_args(split_dir, tokenizer_dir, tmp_path / "model"))
+    assert named in str(error.value)
+    assert_nothing_written(tmp_path / "model")
+
+
+def test_run_mlm_eval_batch_larger_than_the_eval_data(
+    shards_dir, tokenizer_dir, read_manifest, tmp_path
+):
+    eval_records = read_manifest(shards_dir / "validation")["records"]
+    assert read_manifest(shards_dir / "train")["records"] > eval_records
+    with pytest.raises(run_mlm.UsageError, match=f"{eval_records} eval sequences"):
+        run_in_process(
+            *mlm_args(
+                shards_dir / "train",
+                tokenizer_dir,
+                tmp_path / "model",
+                "--eval_dataset",
+                shards_dir / "validation",
+                "--per_replica_batch_size",
+                eval_records + 1,
+            )
+        )
+    assert_nothing_written(tmp_path / "model")
+
+
+def test_run_mlm_unknown_config_override(shards_dir, tokenizer_dir, tmp_path):
+    args = mlm_args(shards_dir / "train", tokenizer_dir, tmp_path / "model")
+    args[args.index("--config_overrides") + 1] = "hidden_size=32,no_such_field=3"
+    with pytest.raises(run_mlm.UsageError, match="no_such_field"):
+        run_in_process(*args)
+    assert_nothing_written(tmp_path / "model")
+
+
+# Damaged shards, found before training starts and named in the message
+
+
+@pytest.fixture
+def damaged_split(shards_dir, tmp_path):
+    """A copy of the train split and the name of its second shard, for a test to damage."""
+    split_dir = tmp_path / "train"
+    shutil.copytree(shards_dir / "train", split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    return split_dir, manifest["shards"][1]["file"]
+
+
+def refused_naming(run_script, split_dir, tokenizer_dir, output_dir, *needles):
+    """run_mlm.py on the damaged split is refused, naming `needles`."""
+    args = mlm_args(split_dir, tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, *needles)
+
+
+def test_run_mlm_shard_of_garbage_bytes(run_script, damaged_split, tokenizer_dir, tmp_path):
+    split_dir, shard = damaged_split
+    (split_dir / shard).write_bytes(bytes(range(256)) * 12)
+    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard)
+
+
+def test_run_mlm_truncated_shard(run_script, damaged_split, tokenizer_dir, tmp_path):
+    split_dir, shard = damaged_split
+    data = (split_dir / shard).read_bytes()
+    (split_dir / shard).write_bytes(data[: len(data) // 2])
+    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard)
+
+
+def test_run_mlm_token_ids_outside_the_vocabulary(
+    run_script, damaged_split, tokenizer_dir, tokenizer, tmp_path
+):
+    import tensorflow as tf
+
+    from mlm_pipeline import packing
+
+    split_dir, shard = damaged_split
+    records = sum(1 for _ in tf.data.TFRecordDataset(str(split_dir / shard)))
+    too_large = len(tokenizer) + 100  # as if written with a larger tokenizer
+    with tf.io.TFRecordWriter(str(split_dir / shard)) as writer:
+        for example in packing.serialize_examples(
+            np.full((records, MAX_LENGTH), too_large, dtype=np.int64)
+        ):
+            writer.write(example)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    # whole, as listed: only the ids are wrong
+    manifest["shards"][1]["bytes"] = (split_dir / shard).stat().st_size
+    (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard, too_large)
+
+
+def test_run_mlm_manifest_counts_disagree_with_the_shards(
+    run_script, damaged_split, tokenizer_dir, tmp_path
+):
+    split_dir, shard = damaged_split
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        # a manifest from before sizes were recorded: the records are counted instead
+        del entry["bytes"]
+    # the file holds 50 records fewer than the manifest says
+    listed = manifest["shards"][1]["records"] + 50
+    manifest["shards"][1]["records"] = listed
+    manifest["records"] += 50
+    manifest["tokens"] = manifest["records"] * manifest["max_length"]
+    (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard, listed)
+
+
+# An output path that cannot be a folder, and a folder that is not a tokenizer
+
+
+def test_run_mlm_output_under_a_file(run_script, shards_dir, tokenizer_dir, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    output_dir = a_file / "model"
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
+    refused(run_script, "run_mlm.py", args, tmp_path, output_dir)
+
+
+def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
+    shards_dir, tokenizer_dir, tmp_path, monkeypatch
+):
+    """On a TPU VM, building the strategy initialises the TPU system: a bad --output_dir is
+    refused first."""
+
+    def no_strategy_yet(args):
+        raise AssertionError("the strategy was built before --output_dir was checked")
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("a file where a folder should be\n")
+    monkeypatch.setattr(run_mlm, "build_strategy", no_strategy_yet)
+    args = mlm_args(shards_dir / "train", tokenizer_dir, a_file / "model")
+    with pytest.raises(run_mlm.UsageError, match="a_file"):
+        run_mlm.main(run_mlm.parse_args([str(arg) for arg in args]))
+
+
+def test_run_mlm_tokenizer_folder_without_a_tokenizer(run_script, shards_dir, tmp_path):
+    empty = tmp_path / "tokenizer"
+    empty.mkdir()
+    output_dir = tmp_path / "model"
+    args = mlm_args(shards_dir / "train", empty, output_dir)
+    refused(run_script, "run_mlm.py", args, output_dir, empty)

@@ -1,7 +1,8 @@
-"""Nothing reaches the Hub unless asked, no Hub token is printed or saved, remote code stays off by default."""
+"""Nothing reaches the Hub unless asked, no Hub token is printed or saved, remote code stays off by
+default."""
 
 import pytest
-from conftest import TINY_MODEL, VOCAB_SIZE
+from conftest import TINY_MODEL, VOCAB_SIZE, flags, mlm_flags
 from fake_hub import FakeHub, use_fake_hub
 
 import prepare_tfrecord_shards
@@ -13,7 +14,8 @@ TOKEN = "hf_sentinelTokenThatMustNeverBeWrittenAnywhere"
 
 @pytest.fixture
 def fake_hub():
-    """A loopback stand-in for the Hub (tests/fake_hub.py) that accepts TOKEN and records every request."""
+    """A loopback stand-in for the Hub (tests/fake_hub.py) that accepts TOKEN and records every
+    request."""
     with FakeHub(TOKEN) as hub:
         yield hub
 
@@ -41,42 +43,18 @@ def test_the_pipeline_talks_to_no_hub_and_writes_no_token(
     # online mode (conftest.py sets offline mode), so a request the scripts make would show.
     use_fake_hub(monkeypatch, fake_hub)
     tokenizer, shards, model = tmp_path / "tokenizer", tmp_path / "shards", tmp_path / "model"
+    unigram = flags(train_file=corpus["train"], vocab_size=VOCAB_SIZE)
     steps = [
-        (
-            "train_unigram.py",
-            "--train_file",
-            corpus["train"],
-            "--vocab_size",
-            VOCAB_SIZE,
-            "--output_dir",
-            tokenizer,
-        ),
+        ("train_unigram.py", *unigram, "--output_dir", tokenizer),
         (
             "prepare_tfrecord_shards.py",
-            "--train_file",
-            corpus["train"],
-            "--tokenizer_name_or_path",
-            tokenizer,
-            "--max_length",
-            32,
-            "--output_dir",
-            shards,
+            *flags(train_file=corpus["train"], tokenizer_name_or_path=tokenizer, max_length=32),
+            *flags(output_dir=shards),
         ),
         (
             "run_mlm.py",
-            "--no_tpu",
-            "--train_dataset",
-            shards / "train",
-            "--tokenizer",
-            tokenizer,
-            "--output_dir",
-            model,
-            "--config_overrides",
-            TINY_MODEL,
-            "--per_replica_batch_size",
-            8,
-            "--max_steps",
-            2,
+            *mlm_flags(shards / "train", tokenizer, model, config_overrides=TINY_MODEL),
+            *flags(per_replica_batch_size=8, max_steps=2),
         ),
     ]
     for script, *args in steps:
@@ -93,15 +71,8 @@ def test_the_pipeline_talks_to_no_hub_and_writes_no_token(
     # header only: not in the output, nor in a pushed file.
     pushed = run_script(
         "train_unigram.py",
-        "--train_file",
-        corpus["train"],
-        "--vocab_size",
-        VOCAB_SIZE,
-        "--output_dir",
-        tmp_path / "pushed",
-        "--push_to_hub",
-        "--hub_model_id",
-        "tester/tokenizer",
+        *unigram,
+        *flags(output_dir=tmp_path / "pushed", push_to_hub=True, hub_model_id="tester/tokenizer"),
     )
     assert pushed.returncode == 0, pushed.stderr[-3000:]
     (commit,) = fake_hub.commits("tester/tokenizer")

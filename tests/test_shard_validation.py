@@ -1,13 +1,13 @@
 """A shard damaged where the checks before training cannot see is named when training meets it.
 
-(Damage they can see, truncation and foreign token ids, is in test_bad_input.py.)
+(Damage they can see, truncation and foreign token ids, is in test_run_mlm.py.)
 """
 
 import json
 import shutil
 
 import pytest
-from conftest import TINY_MODEL, last_line
+from conftest import last_line, tiny_run_flags
 
 
 @pytest.fixture
@@ -23,24 +23,8 @@ def first_shard(split_dir):
 
 
 def train(run_script, shards, tokenizer_dir, output_dir):
-    return run_script(
-        "run_mlm.py",
-        "--no_tpu",
-        "--train_dataset",
-        shards / "train",
-        "--eval_dataset",
-        shards / "validation",
-        "--tokenizer",
-        tokenizer_dir,
-        "--output_dir",
-        output_dir,
-        "--config_overrides",
-        TINY_MODEL,
-        "--per_replica_batch_size",
-        8,
-        "--num_epochs",
-        1,
-    )
+    args = tiny_run_flags(shards, tokenizer_dir, output_dir, per_replica_batch_size=8, num_epochs=1)
+    return run_script("run_mlm.py", *args)
 
 
 def test_a_shard_corrupted_inside_is_named_when_training_reaches_it(

@@ -1,7 +1,7 @@
 """The smoke test to put in your own CI: the three scripts chained end to end, as a user runs them.
 
-    bash run_tests.sh -m smoke     # about a minute on 2 CPU cores once the requirements are installed
-    bash run_tests.sh --tpu        # the same on TensorFlow's TPU build (requirements-tpu.txt), on the CPU
+    bash run_tests.sh -m smoke   # about a minute on 2 CPU cores, the requirements installed
+    bash run_tests.sh --tpu      # the same on TensorFlow's TPU build (requirements-tpu.txt), on CPU
 
 A tiny corpus and model: a tokenizer, train and validation shards, then run_mlm.py on them once with
 the train step compiled by XLA (--jit_compile, the path a TPU takes) and once mirrored over 2 CPU

@@ -1,6 +1,7 @@
 import csv
 import json
 import re
+import shutil
 import unicodedata
 from pathlib import Path
 
@@ -8,12 +9,14 @@ import pytest
 from conftest import (
     VOCAB_SIZE,
     dataset_files,
+    flags,
     make_corpus_lines,
     read_lines,
     write_hub_layout,
     write_jsonl,
     write_lines,
 )
+from refusals import UNIGRAM, case, refused, refused_command
 
 import train_unigram
 
@@ -21,15 +24,7 @@ SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 
 
 def train(train_file, output_dir, *extra, vocab_size=VOCAB_SIZE):
-    argv = [
-        "--train_file",
-        str(train_file),
-        "--vocab_size",
-        str(vocab_size),
-        "--output_dir",
-        str(output_dir),
-    ]
-    return train_unigram.main(train_unigram.parse_args(argv + [str(arg) for arg in extra]))
+    return train_on(output_dir, "--train_file", train_file, *extra, vocab_size=vocab_size)
 
 
 def load(folder):
@@ -108,7 +103,8 @@ def test_decode_gives_ordinary_text_back(corpus, tokenizer):
 
 
 def spaced_punctuation(line):
-    """WikiText's style: punctuation written as a word of its own, "the city ." rather than "the city."."""
+    """WikiText's style: punctuation written as a word of its own, "the city ." rather than
+    "the city."."""
     return re.sub(r"\s*([.;!?])", r" \1", line)
 
 
@@ -143,9 +139,7 @@ def test_blank_lines_are_skipped(tmp_path):
 
     train(with_blanks, tmp_path / "a", vocab_size=200)
     train(without_blanks, tmp_path / "b", vocab_size=200)
-    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (
-        tmp_path / "b" / "tokenizer.json"
-    ).read_bytes()
+    assert same_tokenizer(tmp_path / "a", tmp_path / "b")
 
 
 def test_windows_and_old_mac_line_ends_read_as_newlines(tmp_path):
@@ -157,9 +151,7 @@ def test_windows_and_old_mac_line_ends_read_as_newlines(tmp_path):
     )
     train(unix, tmp_path / "unix", vocab_size=200)
     train(mixed, tmp_path / "mixed", vocab_size=200)
-    assert (tmp_path / "unix" / "tokenizer.json").read_bytes() == (
-        tmp_path / "mixed" / "tokenizer.json"
-    ).read_bytes()
+    assert same_tokenizer(tmp_path / "unix", tmp_path / "mixed")
 
 
 def test_text_that_is_not_utf8_is_a_usage_error(tmp_path):
@@ -246,20 +238,8 @@ def test_dataset_name_path_reads_the_train_split(corpus, tmp_path):
     dataset_dir.mkdir()
     (dataset_dir / "train.txt").write_bytes(corpus["train"].read_bytes())
     (dataset_dir / "validation.txt").write_text("zebra xylophone quokka\n" * 50, encoding="utf-8")
-    common = ["--vocab_size", str(VOCAB_SIZE)]
-    from_folder = train_unigram.main(
-        train_unigram.parse_args(
-            common
-            + [
-                "--dataset_name",
-                str(dataset_dir),
-                "--dataset_config",
-                "default",
-                "--output_dir",
-                str(tmp_path / "from_folder"),
-            ]
-        )
-    )
+    source = flags(dataset_name=dataset_dir, dataset_config="default")
+    from_folder = train_on(tmp_path / "from_folder", *source)
     from_file = train(corpus["train"], tmp_path / "from_file")
     assert (tmp_path / "from_folder" / "tokenizer.json").read_bytes() == (
         tmp_path / "from_file" / "tokenizer.json"
@@ -396,3 +376,106 @@ def test_streaming_with_limit_reads_only_the_first_rows(corpus, datasets_cache, 
     with pytest.raises(train_unigram.UsageError, match=f"could not read {source}: "):
         train_on(tmp_path / "whole", *hub, "--streaming", *small, vocab_size=200)
     assert not (tmp_path / "whole").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input, as the user meets it: train_unigram.py in a subprocess (tests/refusals.py)
+
+BAD_FLAGS_AND_FILES = [
+    case(
+        "unigram: no --output_dir",
+        "train_unigram.py --train_file {corpus}",
+        "--output_dir",
+        exit_code=2,
+    ),
+    case(
+        "unigram: --vocab_size 32k",
+        UNIGRAM + " --vocab_size 32k",
+        "--vocab_size",
+        "'32k'",
+        exit_code=2,
+    ),
+    case(
+        "unigram: --vocab_size 3", UNIGRAM + " --vocab_size 3", "--vocab_size 3", "special tokens"
+    ),
+    case(
+        "unigram: --limit -3",
+        UNIGRAM + " --limit -3",
+        "--limit: -3 must be a positive number",
+        exit_code=2,
+    ),
+    case(
+        "unigram: --batch_size -1",
+        UNIGRAM + " --batch_size -1",
+        "--batch_size: -1 must be",
+        exit_code=2,
+    ),
+    case(
+        "unigram: --push_to_hub alone",
+        UNIGRAM + " --push_to_hub",
+        "--push_to_hub",
+        "--hub_model_id",
+    ),
+    case(
+        "unigram: missing corpus",
+        UNIGRAM + " --train_file {out}.txt",
+        "--train_file {out}.txt",
+        "does not exist",
+    ),
+    case(
+        "unigram: corpus is a folder",
+        UNIGRAM + " --train_file {corpus_folder}",
+        "{corpus_folder}",
+        "folder",
+    ),
+    case(
+        "unigram: blank corpus",
+        UNIGRAM + " --train_file {blank_lines}",
+        "{blank_lines}",
+        "no non-blank text",
+    ),
+    case(
+        "unigram: zero-byte corpus",
+        UNIGRAM + " --train_file {zero_bytes}",
+        "{zero_bytes}",
+        "is empty",
+    ),
+    case(
+        "unigram: .docx corpus",
+        UNIGRAM + " --train_file {word_document}",
+        "{word_document}",
+        "'.docx'",
+    ),
+    case(
+        "unigram: not UTF-8",
+        UNIGRAM + " --train_file {not_utf8}",
+        "{not_utf8}",
+        "not UTF-8",
+        "line {not_utf8_line}",
+        "0xe9",
+    ),
+    case(
+        "unigram: output under a file",
+        UNIGRAM + " --output_dir {a_file}/tokenizer",
+        "{a_file}/tokenizer",
+        "file",
+    ),
+    case(
+        "unigram: output is a file",
+        UNIGRAM + " --output_dir {a_file}",
+        "--output_dir {a_file}",
+        "is a file",
+    ),
+]
+
+
+@pytest.mark.parametrize("command, needles, exit_code", BAD_FLAGS_AND_FILES)
+def test_bad_flag_or_file(run_script, bad_inputs, tmp_path, command, needles, exit_code):
+    refused_command(run_script, bad_inputs, tmp_path, command, needles, exit_code)
+
+
+def test_unigram_refuses_to_replace_a_tokenizer(run_script, corpus, tokenizer_dir, tmp_path):
+    output_dir = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_dir, output_dir)
+    args = flags(train_file=corpus["validation"], vocab_size=100, output_dir=output_dir)
+    refused(run_script, "train_unigram.py", args, output_dir, output_dir, "--overwrite_output_dir")

@@ -1,11 +1,12 @@
-"""What a user looks at after run_mlm.py: TensorBoard scalars, the curves PNG, the summary line, a quiet log."""
+"""What a user looks at after run_mlm.py: TensorBoard scalars, the curves PNG, the summary line, a
+quiet log."""
 
 import math
 import os
 import re
 
 import pytest
-from conftest import MAX_LENGTH
+from conftest import MAX_LENGTH, mlm_flags
 
 import run_mlm
 from mlm_pipeline import contract, tf_startup, training_logs
@@ -18,7 +19,8 @@ EPOCHS = 2
 
 @pytest.fixture(scope="module")
 def run(shards_dir, tokenizer_dir, tiny_model, read_manifest, tmp_path_factory):
-    """Two epochs of the tiny model, logging every LOGGING_STEPS steps; returns what main() returned and printed."""
+    """Two epochs of the tiny model, logging every LOGGING_STEPS steps; returns what main() returned
+    and printed."""
     import io
     from contextlib import redirect_stdout
 
@@ -82,7 +84,8 @@ def test_training_scalars_every_logging_steps_and_at_each_epoch_end(run):
 
 
 def test_interval_losses_average_to_the_epoch_loss(run):
-    """Each point is the mean over its own steps, so weighting them by their steps gives fit()'s epoch mean."""
+    """Each point is the mean over its own steps, so weighting them by their steps gives fit()'s
+    epoch mean."""
     losses = sorted(run["scalars"]["train/loss"].items())
     per_epoch = run["steps_per_epoch"]
     for epoch in range(EPOCHS):
@@ -197,20 +200,10 @@ def test_a_whole_run_prints_no_tensorflow_log(
     run_script, shards_dir, tokenizer_dir, tiny_model, tmp_path, monkeypatch
 ):
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it
-    result = run_script(
-        "run_mlm.py",
-        "--no_tpu",
-        "--train_dataset",
-        shards_dir / "train",
-        "--tokenizer",
-        tokenizer_dir,
-        "--output_dir",
-        tmp_path / "model",
-        "--config_overrides",
-        tiny_model,
-        "--max_steps",
-        2,
+    args = mlm_flags(
+        shards_dir / "train", tokenizer_dir, tmp_path / "model", config_overrides=tiny_model
     )
+    result = run_script("run_mlm.py", *args, "--max_steps", 2)
     assert result.returncode == 0, result.stderr[-3000:]
     tensorflow_log = re.compile(
         r"^(WARNING: All log messages before absl|[IWEF]\d{4} \d\d:\d\d:)", re.MULTILINE
@@ -223,10 +216,7 @@ def test_a_whole_run_prints_no_tensorflow_log(
 def test_help_is_complete_and_loads_no_heavy_library(script):
     """--help must answer at once: it may not load TensorFlow, transformers or datasets, and every
     flag says what it does."""
-    import subprocess
-    import sys
-
-    from conftest import REPO, subprocess_env
+    from conftest import REPO, run_command
 
     probe = (
         f"import runpy, sys\nsys.argv = [{script!r}, '--help']\ntry:\n    "
@@ -235,13 +225,7 @@ def test_help_is_complete_and_loads_no_heavy_library(script):
         "sorted({'tensorflow', 'tf_keras', 'transformers', 'datasets', 'tokenizers'} & "
         "set(sys.modules))\nprint('LOADED', heavy)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-    )
+    result = run_command("-c", probe)
     assert result.returncode == 0, result.stderr
     assert "LOADED []" in result.stdout, result.stdout[-500:]
     flags = re.findall(r"^  (--\w+)(.*)$", result.stdout, re.MULTILINE)
