@@ -37,6 +37,9 @@ if [[ " $* " != *" -m smoke "* ]]; then
   [ -x .venv-transformers5/bin/python ] || "$python" -m venv .venv-transformers5
   .venv-transformers5/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-export-test.txt
 fi
+# Format and lint first (ruff.toml): a style slip fails in a second, not after the suite.
+"$python" -m ruff format --check --quiet .
+"$python" -m ruff check --quiet .
 # One worker process per core (pytest-xdist), each test file on one of them, so a file's shared fixtures (the
 # Cloud Storage emulator, a training run several tests read) are made once.
 "$python" -m pytest tests -n auto --dist loadfile "$@"
