@@ -440,7 +440,7 @@ def main(args):
             f"could not write the {args.split} split to {split_dir}: {first_line(error)}; "
             "check that --output_dir is writable and has room."
         ) from None
-    split_manifest.report(manifest, split_dir)
+    split_manifest.print_summary(manifest, split_dir)
     return manifest
 
 

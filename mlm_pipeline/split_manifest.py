@@ -97,7 +97,7 @@ def check_enough_text(settings, documents, records, dropped_tokens, blocks):
         )
 
 
-def report(manifest, split_dir):
+def print_summary(manifest, split_dir):
     """The line a run prints at its end."""
     at_block_ends = f" at the ends of {manifest['blocks']} blocks" if manifest["blocks"] > 1 else ""
     print(
