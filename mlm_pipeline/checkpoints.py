@@ -16,8 +16,7 @@ from .errors import UsageError, first_line
 from .storage import write_whole
 from .training_logs import read_training_log, training_log_path, write_epoch_row
 
-# The row of training_log.csv of the epoch the newest epoch-end checkpoint ends, saved beside the
-# checkpoints.
+# Beside the checkpoints: the training_log.csv row of the epoch the newest epoch-end one ends.
 EPOCH_ROW_NAME = "epoch_row.json"
 
 
