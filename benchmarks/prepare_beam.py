@@ -862,8 +862,8 @@ def main(args):
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
     scratch = args.keep or tempfile.mkdtemp(prefix="prepare-beam-benchmark-")
-    # The libraries read once from disk before anything is timed, so that the first run does not pay
-    # for it.
+    # The libraries read once from disk before anything is timed, so that the
+    # first run does not pay for it.
     subprocess.run(
         [sys.executable, "-c", "import apache_beam, datasets, tensorflow, transformers"], check=True
     )

@@ -37,9 +37,9 @@ from training_speed import (
 
 import run_mlm  # noqa: E402
 
-# A TensorFlow op appears in the host trace as "<op name>:<op type>"; under XLA each compiled HLO op
-# runs as a thunk named "<HLO name>.<number>" ("MatMul.188", "loop_add_fusion.3"), which is grouped
-# by that name.
+# A TensorFlow op appears in the host trace as "<op name>:<op type>"; under XLA each compiled
+# HLO op runs as a thunk named "<HLO name>.<number>" ("MatMul.188", "loop_add_fusion.3"),
+# which is grouped by that name.
 TF_OP = re.compile(r"^[^:\s]+:(?P<type>[A-Za-z_][A-Za-z0-9_]*)$")
 XLA_OP = re.compile(r"^(?P<type>[A-Za-z_][A-Za-z0-9_\-]*)\.\d+$|^(?P<fusion>[a-z_]+_fusion)$")
 MATMUL_PREFIXES = (
@@ -90,8 +90,8 @@ def self_times(xspace_path):
             continue
         names = {key: metadata.name for key, metadata in plane.event_metadata.items()}
         for line in plane.lines:
-            # Events of one thread nest like a call stack: an op's own time is its span minus its
-            # children's.
+            # Events of one thread nest like a call stack: an op's own time is its
+            # span minus its children's.
             stack = []  # [end, op type or None, time of its children so far, its duration]
             for event in sorted(
                 line.events, key=lambda event: (event.offset_ps, -event.duration_ps)

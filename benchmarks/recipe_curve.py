@@ -45,8 +45,8 @@ def curve_callback(args, eval_every, points):
             if hasattr(self, "scorer"):
                 return
             self.prepare(self.model.distribute_strategy)
-            # A scorer of its own, sharing the weights: the trainer's metrics keep their running
-            # sums.
+            # A scorer of its own, sharing the weights: the trainer's
+            # metrics keep their running sums.
             masked_lm = self.model.masked_lm
             self.scorer = run_mlm.masked_lm_trainer(
                 masked_lm, "sparse", masked_lm.config.mask_token_id

@@ -86,8 +86,8 @@ def read_log(output_dir):
 def final_weights(output_dir):
     from transformers import TFAutoModelForMaskedLM
 
-    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors)
-    # beside it.
+    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy
+    # (model.safetensors) beside it.
     model = TFAutoModelForMaskedLM.from_pretrained(str(output_dir))
     return [weight.numpy() for weight in model.weights]
 

@@ -48,8 +48,8 @@ import train_unigram  # noqa: E402
 SPACE_MARKER = "▁"
 LITERAL_UNK = "<unk>"  # WikiText's stand-in for a rare word
 
-# encode: a list of texts -> their token lists; is_unknown: token -> bool; clock: training (wall s,
-# CPU s)
+# encode: a list of texts -> their token lists; is_unknown: token -> bool;
+# clock: training (wall s, CPU s)
 Trained = collections.namedtuple("Trained", "encode is_unknown clock")
 
 

@@ -234,8 +234,8 @@ def main():
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     results = {name: benchmark_config(name, args) for name in args.configs}
-    # Measured again at the end, and the higher figure kept: a busy spell at the start must not
-    # lower it.
+    # Measured again at the end, and the higher figure kept: a busy spell at
+    # the start must not lower it.
     fp32_ceiling = max(fp32_ceiling, matmul_ceiling("float32"))
     tokens = args.batch_size * args.max_length
     for name, rows in results.items():

@@ -6,8 +6,8 @@ past one machine.
         --tokenizer_name_or_path tokenizer --output_dir shards \
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing
 
-    # Google Cloud Dataflow: README.md, "Past one machine: Apache Beam and Dataflow", has the whole
-    # command
+    # Google Cloud Dataflow: README.md, "Past one machine: Apache Beam and
+    # Dataflow", has the whole command
 
 The pipeline writes what the single process writes, byte for byte, manifest included:
 1. Index: each input file is read once and its line breaks counted (corpus.block_starts) to find
@@ -206,8 +206,8 @@ class PackBlock:
     def __call__(self, spec):
         # once per worker: loading it per block would cost more than small blocks
         if self.backend is None:
-            # One core per worker process: the tokenizer's own thread pool would make N workers use
-            # N x cores.
+            # One core per worker process: the tokenizer's own thread pool would
+            # make N workers use N x cores.
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             self.backend = load_backend(self.tokenizer, self.split_special_tokens, self.fingerprint)
         block, path, start, end, first_line, rows = spec
@@ -267,9 +267,9 @@ def run(
         from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
         runner = FnApiRunner()
-        # Worker processes (--direct_running_mode multi_processing) import this package too, and
-        # talk to this one over gRPC on loopback, which must not go through an HTTPS_PROXY set for
-        # Cloud Storage.
+        # Worker processes (--direct_running_mode multi_processing) import this package too,
+        # and talk to this one over gRPC on loopback, which must not go through an
+        # HTTPS_PROXY set for Cloud Storage.
         os.environ["PYTHONPATH"] = os.pathsep.join(
             filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])
         )
@@ -278,8 +278,8 @@ def run(
         )
         quiet_beam()
     else:
-        # a remote runner's progress, and where to watch the job (Dataflow's console link), are
-        # logged
+        # a remote runner's progress, and where to watch the job
+        # (Dataflow's console link), are logged
         logging.getLogger().setLevel(logging.INFO)
     rows_per_block = settings["rows_per_block"]
     pack = PackBlock(

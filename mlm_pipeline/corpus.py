@@ -23,8 +23,8 @@ from .tf_startup import tensorflow_startup_log_held_back
 # Tabular formats, read by their datasets builder; any other file is plain text, one document per
 # line (.txt, WikiText's .raw and .tokens, no extension at all...).
 TABULAR_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-# Files that are not text but would partly decode as text: refused by name rather than read as
-# garbage.
+# Files that are not text but would partly decode as text: refused by name
+# rather than read as garbage.
 NOT_TEXT = (
     ".gz",
     ".bz2",

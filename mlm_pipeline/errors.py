@@ -64,8 +64,8 @@ def non_negative_int(text):
     return value
 
 
-# argparse names the type in its own message ("invalid positive_int value: 'ten'"): say "int"
-# instead.
+# argparse names the type in its own message ("invalid positive_int value:
+# 'ten'"): say "int" instead.
 positive_int.__name__ = non_negative_int.__name__ = "int"
 
 

@@ -80,8 +80,8 @@ def open_repository(repo_id, private, leave_out):
             f"set HF_TOKEN, or leave out {leave_out}."
         )
     try:
-        # private=None leaves an existing repository as it is and lets the namespace's default
-        # decide.
+        # private=None leaves an existing repository as it is and lets the
+        # namespace's default decide.
         repository = HfApi().create_repo(repo_id, private=private or None, exist_ok=True)
     # HTTP errors, no network, offline mode: all mean no push is possible
     except Exception as error:

@@ -43,8 +43,8 @@ def top_token_share(vocab_size):
 
         def update_state(self, predictions, scored):
             ones = tf.cast(scored, tf.float32)
-            # unsorted_segment_sum rather than bincount: it compiles with XLA, so it runs on TPU
-            # too.
+            # unsorted_segment_sum rather than bincount: it compiles with
+            # XLA, so it runs on TPU too.
             self.counts.assign_add(tf.math.unsorted_segment_sum(ones, predictions, vocab_size))
 
         def result(self):

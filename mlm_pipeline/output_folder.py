@@ -85,8 +85,8 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
         for name in (FINISHED_RUN_MARKER, TRAINING_LOG_NAME, CURVES_NAME, MODEL_CARD_NAME):
             if tf.io.gfile.exists(f"{output_dir}/{name}"):
                 tf.io.gfile.remove(f"{output_dir}/{name}")
-        # The PyTorch copy too: a run with --no_pytorch_export must not leave the replaced model's
-        # behind.
+        # The PyTorch copy too: a run with --no_pytorch_export must not leave
+        # the replaced model's behind.
         for old_folder in (
             folder,
             f"{output_dir}/{TENSORBOARD_DIR}",

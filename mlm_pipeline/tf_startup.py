@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 from .errors import UsageError
 
-# Python-side TF logging below warnings; set before TensorFlow is imported, and only if the user has
-# not.
+# Python-side TF logging below warnings; set before TensorFlow is imported,
+# and only if the user has not.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 

@@ -16,24 +16,24 @@ from pathlib import Path
 
 import pytest
 
-# Before TensorFlow, transformers or datasets are imported anywhere (the root scripts import them
-# lazily).
+# Before TensorFlow, transformers or datasets are imported anywhere (the root
+# scripts import them lazily).
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-# TensorFlow's TPU build (requirements-tpu.txt) would otherwise ask the TPU metadata server for
-# minutes first.
+# TensorFlow's TPU build (requirements-tpu.txt) would otherwise ask the TPU
+# metadata server for minutes first.
 os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# The standard library only, so none of the libraries above is loaded yet; tf_startup also lets
-# transformers see TensorFlow's TPU build (requirements-tpu.txt) in this process, as the scripts do
-# in theirs.
+# The standard library only, so none of the libraries above is loaded yet; tf_startup
+# also lets transformers see TensorFlow's TPU build (requirements-tpu.txt) in this
+# process, as the scripts do in theirs.
 from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
 
 VOCAB_SIZE = 400
@@ -358,8 +358,8 @@ def last_line(text):
 
 
 # --------------------------------------------------------------------------------------------------
-# Hub datasets, offline: a local folder laid out as a Hub repository, and a datasets cache of a
-# test's own
+# Hub datasets, offline: a local folder laid out as a Hub repository, and a
+# datasets cache of a test's own
 
 
 def write_jsonl(path, lines):

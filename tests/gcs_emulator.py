@@ -132,9 +132,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return
         self.send_response(200, "Connection established")
         self.end_headers()
-        # From now on the same connection carries TLS, and inside it ordinary requests: the
-        # handler's own request loop (BaseHTTPRequestHandler.handle) reads them from the wrapped
-        # socket.
+        # From now on the same connection carries TLS, and inside it ordinary
+        # requests: the handler's own request loop (BaseHTTPRequestHandler.handle)
+        # reads them from the wrapped socket.
         self.connection = self.server.tls_context.wrap_socket(self.connection, server_side=True)
         self.rfile = self.connection.makefile("rb")
         self.wfile = self.connection.makefile("wb")
@@ -246,9 +246,9 @@ class GcsEmulator:
     def start_server_and_proxy(self):
         authority = trustme.CA()
         authority.cert_pem.write_to_path(self.ca_bundle)
-        # Application Default Credentials of the `authorized_user` kind, with an access token valid
-        # until `expiry`: google-auth uses it as it is, and never asks Google's token endpoint for
-        # another.
+        # Application Default Credentials of the `authorized_user` kind, with an access
+        # token valid until `expiry`: google-auth uses it as it is, and never asks Google's
+        # token endpoint for another.
         credentials = {
             "type": "authorized_user",
             "client_id": "offline-test",

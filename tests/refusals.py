@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import MAX_LENGTH, TINY_MODEL
 
-# prepare_tfrecord_shards.py's progress bar, there when the problem showed only after some shards
-# were written.
+# prepare_tfrecord_shards.py's progress bar, there when the problem showed only
+# after some shards were written.
 PROGRESS_BAR = re.compile(r"^Writing \w+ shards: ")
 # Readable: a few lines of a terminal, paths included, not a library's dump of everything it knows.
 READABLE_LENGTH = 600

@@ -32,8 +32,8 @@ BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
 SAVE_STEPS = 5
 # seconds; a run that hangs on Cloud Storage fails the test instead of the whole suite
 SCRIPT_TIMEOUT = 300
-# Generous next to the few seconds the probe takes, far below the minutes TensorFlow's own retries
-# would take.
+# Generous next to the few seconds the probe takes, far below the minutes
+# TensorFlow's own retries would take.
 UNREACHABLE_TIMEOUT = 120
 
 
@@ -97,13 +97,13 @@ def test_prepare_writes_the_same_shards_to_gcs_as_to_a_local_folder(gcs, gcs_sha
         for path in sorted(shards_dir.rglob("*"))
         if path.is_file()
     }
-    # Objects named like folders ("shards/train/") are how TensorFlow's makedirs() marks folders on
-    # gs://.
+    # Objects named like folders ("shards/train/") are how TensorFlow's
+    # makedirs() marks folders on gs://.
     arrived = [
         name for name in gcs.list_objects(BUCKET, f"{gcs_shards}/") if not name.endswith("/")
     ]
-    # Nothing else: no temporary shard or manifest left behind, and the manifest and every shard
-    # byte for byte.
+    # Nothing else: no temporary shard or manifest left behind, and the manifest and
+    # every shard byte for byte.
     assert sorted(name.removeprefix(f"{gcs_shards}/") for name in arrived) == sorted(local), arrived
     for name, content in local.items():
         assert gcs.download(BUCKET, f"{gcs_shards}/{name}") == content, name
@@ -194,8 +194,8 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     env = gcs.env(base=subprocess_env())
 
     process = start_script("run_mlm.py", *args, env=env)
-    # Killed once the first epoch is over: its checkpoint and its row of the training log are in the
-    # bucket.
+    # Killed once the first epoch is over: its checkpoint and its row of the
+    # training log are in the bucket.
     kill_once_in_bucket(process, gcs, f"{run}/{contract.TRAINING_LOG_NAME}")
     saved_step = latest_checkpoint_step(gcs, run)
     assert per_epoch <= saved_step < total
@@ -253,8 +253,8 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
 
 
 # --------------------------------------------------------------------------------------------------
-# Cloud Storage out of reach: one line, within the probe's bound, whichever flag holds the gs://
-# path.
+# Cloud Storage out of reach: one line, within the probe's bound, whichever
+# flag holds the gs:// path.
 
 
 @pytest.fixture(scope="module")
@@ -327,8 +327,8 @@ def test_unreachable_gcs_fails_fast_in_one_line(
 
 
 def test_gcs_refusing_access_is_named_with_what_to_do(gcs, shards_dir, tokenizer_dir, tmp_path):
-    # Cloud Storage answers 401 to a request without valid credentials, 403 to an account without
-    # rights.
+    # Cloud Storage answers 401 to a request without valid credentials, 403 to
+    # an account without rights.
     refusing_proxy = gcs.start_proxy(refuse_with=403)
     evaluation = f"gs://{BUCKET}/shards/validation"
     args = [
@@ -369,9 +369,9 @@ READ_ONLY_CASES = [
 def test_an_output_that_may_be_read_but_not_written_is_refused_before_any_work(
     gcs, script, arguments, corpus, tokenizer_dir, shards_dir
 ):
-    # An account that may read the bucket but not write to it: every lookup succeeds, every upload
-    # or delete gets 403. Reading alone would let the run start, and fail at its first save, maybe
-    # hours later.
+    # An account that may read the bucket but not write to it: every lookup succeeds, every
+    # upload or delete gets 403. Reading alone would let the run start, and fail at its
+    # first save, maybe hours later.
     read_only_proxy = gcs.start_proxy(refuse_writes_with=403)
     output_dir = f"gs://{BUCKET}/read-only"
     names = dict(
@@ -395,8 +395,8 @@ def test_an_output_that_may_be_read_but_not_written_is_refused_before_any_work(
 
 
 def test_a_missing_bucket_is_named_instead_of_waited_for(gcs, shards_dir, tokenizer_dir, tmp_path):
-    # Without the probe this run would never end: TensorFlow's makedirs() asks about the bucket over
-    # and over.
+    # Without the probe this run would never end: TensorFlow's makedirs() asks
+    # about the bucket over and over.
     output_dir = "gs://no-such-bucket/run"
     args = mlm_flags(shards_dir / "train", tokenizer_dir, output_dir)
     result = run_on(gcs, "run_mlm.py", *args, timeout=UNREACHABLE_TIMEOUT)

@@ -120,12 +120,12 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     # epoch 2 ended while epoch 1's push was still uploading
     assert held == {"epochs logged on release": 2}
 
-    # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still ran), then the
-    # final model.
+    # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still
+    # ran), then the final model.
     snapshot, final = hub.commits("tester/mlm")
     assert "Skipped the Hub push of epoch 2" in capsys.readouterr().out
-    # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its own, as save()
-    # lays them out.
+    # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its
+    # own, as save() lays them out.
     names = {"config.json", *TOKENIZER_FILES, contract.PYTORCH_WEIGHTS_NAME}
     pytorch = {f"{contract.PYTORCH_DIR}/{name}" for name in names}
     published = MODEL_FILES | TOKENIZER_FILES | {"README.md"} | pytorch
@@ -137,8 +137,8 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     # two more epochs changed the weights
     assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]
 
-    # The final commit is the saved model: the same config, tokenizer and card, and the same
-    # weights.
+    # The final commit is the saved model: the same config, tokenizer and
+    # card, and the same weights.
     for name in ("config.json", *TOKENIZER_FILES, "README.md", *pytorch, contract.CURVES_NAME):
         assert final.files[name] == (output_dir / name).read_bytes(), name
     pushed_weights = tmp_path / "pushed.h5"

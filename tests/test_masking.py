@@ -74,8 +74,8 @@ def test_chosen_rate_and_80_10_10_split(batch, mlm_probability):
     assert masked.shape == labels.shape == batch.shape
     candidates = ~np.isin(batch, SPECIAL_IDS)
     chosen = labels != -100
-    # An exact count per sequence, as in the original BERT: round(p x the sequence's ordinary
-    # tokens).
+    # An exact count per sequence, as in the original BERT: round(p x the
+    # sequence's ordinary tokens).
     np.testing.assert_array_equal(
         chosen.sum(axis=1), np.round(mlm_probability * candidates.sum(axis=1))
     )

@@ -175,8 +175,8 @@ def test_the_chief_alone_writes(cluster):
     assert "checkpoint" in checkpoints and any(name.startswith("ckpt-") for name in checkpoints)
     # one event file: the chief's
     assert len(list((model / contract.TENSORBOARD_DIR).iterdir())) == 1
-    # The other worker saved its checkpoints into a scratch folder of its own and removed it at the
-    # end.
+    # The other worker saved its checkpoints into a scratch folder of its own
+    # and removed it at the end.
     assert list((folder / "tmp1").iterdir()) == []
     rows = (model / contract.TRAINING_LOG_NAME).read_text().strip().splitlines()
     assert len(rows) == 1 + EPOCHS  # a header and one row per epoch, written once

@@ -240,9 +240,9 @@ def test_a_glob_is_read_in_sorted_order_and_refused_when_it_matches_nothing(corp
 
 
 # --------------------------------------------------------------------------------------------------
-# Pipeline options refused before anything runs (in this process: Dataflow's runner takes seconds
-# to import, once; tests/test_prepare_shards.py shows, with an unknown runner, that the refusal is
-# one line)
+# Pipeline options refused before anything runs (in this process: Dataflow's runner takes
+# seconds to import, once; tests/test_prepare_shards.py shows, with an unknown runner,
+# that the refusal is one line)
 
 DATAFLOW = [
     "--runner",

@@ -123,8 +123,8 @@ def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterru
     assert_same_files(files_in(tmp_path), uninterrupted)
 
 
-# (what the kill interrupts, event, count, the files it leaves in train/ given an uninterrupted
-# run's names)
+# (what the kill interrupts, event, count, the files it leaves in train/ given an
+# uninterrupted run's names)
 KILL_POINTS = [
     (
         "in the first shard",

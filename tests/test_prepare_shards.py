@@ -71,8 +71,8 @@ def test_shard_names_and_counts(shards_dir, read_manifest, read_records, split):
     for index, path in enumerate(files):
         match = SHARD_NAME.match(path.name)
         assert match, path.name
-        # The fixture splits are smaller than one block of --rows_per_block rows: all their shards
-        # are block 0's.
+        # The fixture splits are smaller than one block of --rows_per_block rows: all
+        # their shards are block 0's.
         assert match["split"] == split and int(match["block"]) == 0 and int(match["index"]) == index
         records = read_records([path])
         assert int(match["count"]) == len(records) == manifest["shards"][index]["records"]
@@ -102,8 +102,8 @@ def test_manifest_agrees_with_the_shards(
     for name in ("cls", "sep", "pad", "unk", "mask"):
         assert ids[name] == getattr(tokenizer, f"{name}_token_id")
     assert manifest["documents"] == sum(1 for line in read_lines(corpus["train"]) if line.strip())
-    # Smaller than one block of the default --rows_per_block: packed as one stream, as before blocks
-    # existed.
+    # Smaller than one block of the default --rows_per_block: packed as one
+    # stream, as before blocks existed.
     assert manifest["rows"] == len(read_lines(corpus["train"])) < manifest["rows_per_block"]
     assert manifest["blocks"] == 1
     assert max(max(record) for record in records) < manifest["vocab_size"]
@@ -312,8 +312,8 @@ def test_dataset_name_path_selects_the_split(
 
 
 # --------------------------------------------------------------------------------------------------
-# The fast paths give exactly what the straightforward code gives; bad input midway leaves nothing
-# behind
+# The fast paths give exactly what the straightforward code gives; bad input
+# midway leaves nothing behind
 
 
 def example_bytes_from_tensorflow(row):
@@ -394,8 +394,8 @@ def test_tfrecord_bytes_are_what_tensorflows_writer_writes(tmp_path):
 def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
     import datasets
 
-    # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85, \u2028 and friends are
-    # not.
+    # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85,
+    # \u2028 and friends are not.
     text = (
         "\ufeffbom\r\nwindows\rold mac\n\nform\x0bfeed"
         "\x0c\x1c\x1d\x1e\x85\u2028\u2029 end\n \t \nno newline"

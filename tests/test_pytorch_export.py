@@ -27,8 +27,8 @@ INSTALL_HINT = (
 )
 
 MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
-# Padded to the longest, so the comparison also covers padding (RoBERTa numbers positions around
-# it).
+# Padded to the longest, so the comparison also covers padding (RoBERTa
+# numbers positions around it).
 SENTENCES = [
     "The [MASK] crossed the old bridge.",
     "In the morning the young teacher wrote a long [MASK] to the famous painter of the northern "
@@ -170,16 +170,16 @@ def test_transformers5_loads_every_weight(model_type, transformers5, trained):
     info = found["loading_info"]
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
     assert info["mismatched_keys"] == [] and info["error_msgs"] == [], info
-    # The file holds the word embeddings once; PyTorch must tie the decoder to them, as TF shares
-    # them.
+    # The file holds the word embeddings once; PyTorch must tie the decoder
+    # to them, as TF shares them.
     assert found["shares_word_embeddings"]
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_transformers5_logits_match_tensorflow(model_type, transformers5, tensorflow):
     expected, found = tensorflow[model_type], transformers5[model_type]
-    # The same ids through both tokenizer versions, padding included, so the logits compare position
-    # by position.
+    # The same ids through both tokenizer versions, padding included, so the logits
+    # compare position by position.
     assert found["input_ids"] == expected["input_ids"].tolist()
     assert found["attention_mask"] == expected["attention_mask"].tolist()
     assert 0 in expected["attention_mask"]  # some padding, whose positions RoBERTa numbers around

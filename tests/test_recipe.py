@@ -261,8 +261,8 @@ def test_warmup_survives_a_kill_in_either_phase(
     straight, total, _ = uninterrupted_warmup
     short_steps = total // 2
     args = warmup_args(shards_dir, tokenizer_dir, tmp_path, total)
-    # Killed in the short phase; the rerun resumes there, crosses the switch, and is killed in the
-    # full phase.
+    # Killed in the short phase; the rerun resumes there, crosses the switch, and
+    # is killed in the full phase.
     assert kill_at_checkpoint(args, tmp_path, 5) < short_steps
     saved = kill_at_checkpoint(args, tmp_path, short_steps + 3)
     assert short_steps < saved < total
@@ -327,8 +327,8 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
 
 
 def train_steps(shards_dir, tokenizer_dir, output_dir, *extra):
-    # adam_epsilon 1: Adam's first steps then scale with the gradient, so a wrongly scaled sum would
-    # show.
+    # adam_epsilon 1: Adam's first steps then scale with the gradient, so a
+    # wrongly scaled sum would show.
     argv = training_args(
         shards_dir,
         tokenizer_dir,

@@ -44,8 +44,8 @@ def latest_checkpoint_step(output_dir):
 def load_weights(folder):
     from transformers import TFAutoModelForMaskedLM
 
-    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy (model.safetensors)
-    # beside it.
+    # tf_model.h5: transformers 4.57's TF loader fails on the PyTorch copy
+    # (model.safetensors) beside it.
     model = TFAutoModelForMaskedLM.from_pretrained(str(folder))
     return [weight.numpy() for weight in model.weights]
 
@@ -97,8 +97,8 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
     assert f"Finished: {total:,} steps" in rerun.stdout
     assert latest_checkpoint_step(interrupted) == total
 
-    # The curve file holds every epoch once: the interrupted epoch is logged when the resumed run
-    # ends it.
+    # The curve file holds every epoch once: the interrupted epoch is logged
+    # when the resumed run ends it.
     log = (interrupted / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert [row.split(",")[0] for row in log[1:]] == ["0", "1"]
 
@@ -107,8 +107,8 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
             training_args(shards_dir, tokenizer_dir, uninterrupted, "--max_steps", total)
         )
     )
-    # Same weights, optimizer state, schedule position and data stream: the resumed run ends on the
-    # same model.
+    # Same weights, optimizer state, schedule position and data stream: the resumed
+    # run ends on the same model.
     for resumed, straight in zip(load_weights(interrupted), load_weights(uninterrupted)):
         np.testing.assert_allclose(resumed, straight, rtol=1e-4, atol=1e-6)
 

@@ -46,8 +46,8 @@ def test_saves_a_fast_tokenizer_with_the_special_tokens(tokenizer_dir, tokenizer
     assert tokenizer.mask_token == "[MASK]" and tokenizer.mask_token_id == 4
     assert sorted(tokenizer.all_special_ids) == [0, 1, 2, 3, 4]
     assert len(SPECIAL_TOKENS) < len(tokenizer) <= VOCAB_SIZE
-    # The special tokens appear once each: the trainer's copies and the added tokens are the same
-    # ids.
+    # The special tokens appear once each: the trainer's copies and the
+    # added tokens are the same ids.
     vocab = tokenizer.get_vocab()
     assert len(set(vocab.values())) == len(vocab) == len(tokenizer)
 
@@ -71,8 +71,8 @@ def test_text_is_nfkc_normalized(tokenizer):
 
 
 def test_mask_absorbs_the_space_before_it(tokenizer):
-    # A word that is a single piece, so "the <word> of" and "the [MASK] of" should line up token for
-    # token.
+    # A word that is a single piece, so "the <word> of" and "the [MASK] of"
+    # should line up token for token.
     word = next(
         w
         for w in ("river", "city", "house", "stone", "water")
