@@ -1,10 +1,9 @@
 #!/usr/bin/env python
 """Step 3 of 3: pretrain a masked language model from scratch on TFRecord shards (TPU, GPU, CPU).
 
-Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py; masking in tf.data with TF
-ops; a transformers TF masked LM (RoBERTa by default), its LM head run at the masked positions
-only, fit with Keras. The saved folder loads with `pipeline("fill-mask", model=output_dir)`, its
-pytorch/ copy with transformers 5.
+Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py; masking in tf.data; a
+transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at the masked positions
+only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
 
     # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train \
@@ -15,8 +14,7 @@ pytorch/ copy with transformers 5.
     python run_mlm.py --no_tpu --train_dataset shards/train --tokenizer tokenizer \
         --output_dir model --config_overrides hidden_size=256,num_hidden_layers=4
 
-Run the same command again after an interruption: it resumes from its newest checkpoint. The
-plumbing (hosts, checkpoints, logs, export, Hub) is in mlm_pipeline/.
+Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipeline/.
 """
 
 import argparse
@@ -52,19 +50,9 @@ from mlm_pipeline.pytorch_export import check_pytorch_export, write_pytorch_copy
 # Flags that shape the batches and the optimizer: a resumed run must have the same (the model card
 # shows them, and CARD_SETTINGS); --gradient_accumulation_steps may change: the same steps.
 RESUME_SETTINGS = (
-    "seed",
-    "learning_rate",
-    "mlm_probability",
-    "whole_word_masking",
-    "shuffle_buffer_size",
-    "warmup_ratio",
-    "weight_decay_rate",
-    "max_grad_norm",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "short_sequence_length",
-    "short_sequence_ratio",
+    "seed", "learning_rate", "mlm_probability", "train_mlm_probability", "whole_word_masking",
+    "shuffle_buffer_size", "warmup_ratio", "decay_ratio", "weight_decay_rate", "max_grad_norm",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "short_sequence_length", "short_sequence_ratio",
 )  # fmt: skip
 CARD_SETTINGS = ("per_replica_batch_size", "gradient_accumulation_steps", "mlm_head", "bfloat16")
 CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "tokenizer")
@@ -72,19 +60,22 @@ CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "to
 RUN_FLAGS = (
     "output_dir", "overwrite_output_dir", "hub_model_id", "hub_private", "hub_push_timeout",
 )  # fmt: skip
-DATA_FLAGS = ("mlm_probability", "seed", "shuffle_buffer_size", "whole_word_masking")
+DATA_FLAGS = (
+    "mlm_probability", "train_mlm_probability", "seed", "shuffle_buffer_size", "whole_word_masking",
+)  # fmt: skip
 CONFIG_FLAGS = (
     "pretrained_model_config", "config_overrides", "trust_remote_code", "no_pytorch_export",
 )  # fmt: skip
 NUMBER_FLAGS = (  # checked by flag_checks.py
-    "max_length", "mlm_probability", "short_sequence_ratio", "warmup_ratio", "learning_rate",
-    "weight_decay_rate", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon",
-    "per_replica_batch_size", "gradient_accumulation_steps",
+    "max_length", "mlm_probability", "train_mlm_probability", "short_sequence_ratio",
+    "warmup_ratio", "decay_ratio", "learning_rate", "weight_decay_rate", "max_grad_norm",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "per_replica_batch_size",
+    "gradient_accumulation_steps",
 )  # fmt: skip
 MODEL_FLAGS = (
-    "learning_rate", "warmup_ratio", "weight_decay_rate", "adam_beta1", "adam_beta2",
-    "adam_epsilon", "max_grad_norm", "mlm_head", "gradient_accumulation_steps", "bfloat16",
-    "jit_compile", "steps_per_execution",
+    "learning_rate", "warmup_ratio", "decay_ratio", "weight_decay_rate", "adam_beta1",
+    "adam_beta2", "adam_epsilon", "max_grad_norm", "mlm_head", "gradient_accumulation_steps",
+    "bfloat16", "jit_compile", "steps_per_execution",
 )  # fmt: skip
 
 
@@ -103,6 +94,7 @@ def parse_args(argv=None):
     add("--tokenizer", required=True, help="Tokenizer folder or Hub id.")
     add("--max_length", type=int, help="Sequence length; must equal the shards'.")
     add("--mlm_probability", type=float, default=0.15, help="Share of tokens masked.")
+    add("--train_mlm_probability", type=float, help="Masked in training (eval: the above).")
     add("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled.")
     add("--whole_word_masking", action="store_true", help="Train on whole words masked.")
     add = parser.add_argument_group("model").add_argument
@@ -119,6 +111,7 @@ def parse_args(argv=None):
     add("--learning_rate", type=float, default=1e-4, help="Peak learning rate.")
     add("--weight_decay_rate", type=float, default=0.01, help="AdamW's weight decay.")
     add("--warmup_ratio", type=float, default=0.05, help="Share of steps warming the rate up.")
+    add("--decay_ratio", type=float, help="Hold the peak, decay over this last share of steps.")
     add("--max_grad_norm", type=float, default=0.0, help="Global gradient clip; 0: none.")
     add("--adam_beta1", type=float, default=0.9, help="Adam's beta1.")
     add("--adam_beta2", type=float, default=0.999, help="Adam's beta2.")
@@ -171,8 +164,7 @@ def build_strategy(args):
 
 
 def max_predictions(max_length, mlm_probability):
-    """Predictions per sequence: the masking below never chooses more, so shapes stay static for
-    XLA and TPUs."""
+    """Predictions a sequence: masking never chooses more, so shapes stay static (XLA, TPUs)."""
     return max(1, math.ceil(max_length * mlm_probability))
 
 
@@ -223,15 +215,17 @@ def mask_tokens(
 
 
 def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_probability, seed,
-                  shuffle_buffer_size=2**16, whole_word_masking=False, start_epoch=0, start_batch=0,
-                  batches_per_epoch=None, pipeline=0, pieces=1):  # fmt: skip
+                  train_mlm_probability=None, shuffle_buffer_size=2**16, whole_word_masking=False,
+                  start_epoch=0, start_batch=0, batches_per_epoch=None, pipeline=0,
+                  pieces=1):  # fmt: skip
     """One host's input pipeline: shards -> shuffled, parsed, masked batches of ({"input_ids",
     "masked_positions"}, labels), every shape static. Training data is an endless stream of epochs
     (at most `batches_per_epoch` batches each: all hosts take the same steps), its randomness
     stateless: epoch e reads the shards in an order drawn from (seed, e), shuffles blocks of records
     with seeds from (seed, e, block) and masks batch i with (seed, e, i). The masks change every
     epoch, as in RoBERTa, yet a resumed run rebuilds the stream from (`start_epoch`, `start_batch`).
-    Evaluation: one pass in file order, fixed masks. `pieces` > 1: the sequence-length warmup's."""
+    Evaluation: one pass in file order, fixed masks, `mlm_probability` even when training masks at
+    `train_mlm_probability`, so runs compare. `pieces` > 1: the sequence-length warmup's pieces."""
     import tensorflow as tf
 
     special = set(tokenizer.all_special_ids)
@@ -242,6 +236,8 @@ def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_pro
     if training and whole_word_masking:
         word_starts = tf.constant(whole_words.word_start_table(tokenizer))
     token_kinds = (mask_token_id, special_ids, replacement_ids, word_starts)  # mask_tokens' args
+    if training and train_mlm_probability:
+        mlm_probability = train_mlm_probability
     files = tf.constant(files)
     base_seed = tf.constant([seed, 1 if training else 2], dtype=tf.int64)  # train, eval differ
     if pipeline:  # each host draws its own; host 0 draws those of a single-host run
@@ -295,9 +291,8 @@ def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_pro
 
 
 def distributed_dataset(strategy, plan, start_step=0, **options):
-    """The batches of every replica: each host runs one input pipeline (build_dataset) on the shard
-    files `plan` (hosts.InputPlan) gives it, batched for its own replicas, from `start_step` on;
-    `options` go to build_dataset."""
+    """Every replica's batches: each host runs one build_dataset(**options) on the shard files
+    `plan` (hosts.InputPlan) gives it, batched for its own replicas, from `start_step` on."""
     return strategy.distribute_datasets_from_function(
         lambda context: build_dataset(**plan.pipeline_inputs(context, start_step), **options)
     )
@@ -305,9 +300,8 @@ def distributed_dataset(strategy, plan, start_step=0, **options):
 
 def build_config(tokenizer, max_length, pretrained_model_config=None, config_overrides=None,
                  trust_remote_code=False, no_pytorch_export=False):  # fmt: skip
-    """The architecture (RoBERTa-base's unless `pretrained_model_config`, changed by
-    `config_overrides`: model_config.py), with the tokenizer's size and special ids, and room for
-    `max_length` positions."""
+    """The architecture (RoBERTa-base's unless `pretrained_model_config`, with `config_overrides`)
+    with the tokenizer's size and special ids, and room for `max_length` positions."""
     config = model_config.load_config(pretrained_model_config, config_overrides, trust_remote_code)
     model_config.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size and positions
     if not no_pytorch_export:  # a config the PyTorch copy cannot be written for is refused now
@@ -433,11 +427,10 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
 
 
 def build_model(config, strategy, mask_token_id, total_steps, *, learning_rate, warmup_ratio,
-                weight_decay_rate, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm, mlm_head,
-                gradient_accumulation_steps, bfloat16, jit_compile,
-                steps_per_execution):  # fmt: skip
-    """The masked LM and the trainer that fits it, with AdamW and its schedule over
-    `total_steps`, made in the strategy's scope."""
+                decay_ratio, max_grad_norm, mlm_head, gradient_accumulation_steps, bfloat16,
+                jit_compile, steps_per_execution, **adamw):  # fmt: skip
+    """The masked LM and its trainer, with AdamW and its schedule over `total_steps`, made in the
+    strategy's scope. `adamw`: create_optimizer's weight_decay_rate, adam_beta1, beta2, epsilon."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
@@ -450,18 +443,34 @@ def build_model(config, strategy, mask_token_id, total_steps, *, learning_rate, 
         trainer = masked_lm_trainer(masked_lm, mlm_head, mask_token_id, gradient_accumulation_steps)
         # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
         # gradients clipped together.
+        warmup_steps = int(warmup_ratio * total_steps)
+        clip = max_grad_norm or None
         optimizer, _ = create_optimizer(
-            learning_rate,
-            total_steps,
-            int(warmup_ratio * total_steps),
-            adam_beta1=adam_beta1,
-            adam_beta2=adam_beta2,
-            adam_epsilon=adam_epsilon,
-            adam_global_clipnorm=max_grad_norm or None,
-            weight_decay_rate=weight_decay_rate,
+            learning_rate, total_steps, warmup_steps, adam_global_clipnorm=clip, **adamw
         )
+        if decay_ratio:  # warmup-stable-decay instead of the triangle
+            decay_steps = max(1, round(decay_ratio * total_steps))
+            schedule = warmup_stable_decay(learning_rate, total_steps, warmup_steps, decay_steps)
+            optimizer.learning_rate = schedule
         trainer.compile(optimizer, jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     return masked_lm, trainer
+
+
+def warmup_stable_decay(peak, total_steps, warmup_steps, decay_steps):
+    """--decay_ratio: the rate rises linearly to `peak`, holds it, then falls linearly to 0 over the
+    last `decay_steps` (all the steps after the warmup: the triangle). For a fixed budget, more
+    steps at the peak; the decay still ends at 0."""
+    import tensorflow as tf
+    import tf_keras
+
+    class WarmupStableDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            step = tf.cast(step, tf.float32)
+            rising = step / warmup_steps if warmup_steps else 1.0
+            falling = (total_steps - step) / decay_steps
+            return peak * tf.clip_by_value(tf.minimum(rising, falling), 0.0, 1.0)
+
+    return WarmupStableDecay()
 
 
 def sequence_length_warmup(max_length, total_steps, short_sequence_length, short_sequence_ratio):
@@ -498,14 +507,8 @@ def fit_exact_steps(model, train_from, steps_to_run, steps_per_epoch, short_phas
         steps_to_run.start, steps_to_run.stop, steps_per_epoch, phase_end=short_steps
     ):
         dataset = train_from(first_step, pieces=pieces if first_step < short_steps else 1)
-        history = model.fit(
-            dataset,
-            initial_epoch=epoch,
-            epochs=epoch + epochs,
-            steps_per_epoch=steps_per_call,
-            verbose=verbose,
-            **fit_options,
-        )
+        span = dict(initial_epoch=epoch, epochs=epoch + epochs, steps_per_epoch=steps_per_call)
+        history = model.fit(dataset, verbose=verbose, **span, **fit_options)
         for key, values in history.history.items():
             logs[key] = logs.get(key, []) + values
     return logs

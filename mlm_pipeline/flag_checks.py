@@ -8,8 +8,10 @@ from .errors import UsageError
 def check_training_numbers(
     max_length,
     mlm_probability,
+    train_mlm_probability,
     short_sequence_ratio,
     warmup_ratio,
+    decay_ratio,
     learning_rate,
     weight_decay_rate,
     max_grad_norm,
@@ -24,6 +26,15 @@ def check_training_numbers(
     if not 0.0 < mlm_probability < 1.0:
         raise UsageError(
             f"--mlm_probability {mlm_probability} must lie between 0 and 1 (0.15 is usual)."
+        )
+    if train_mlm_probability is not None and not 0.0 < train_mlm_probability < 1.0:
+        raise UsageError(
+            f"--train_mlm_probability {train_mlm_probability} must lie between 0 and 1 (e.g. 0.3)."
+        )
+    if decay_ratio is not None and not 0.0 < decay_ratio <= 1.0 - warmup_ratio:
+        raise UsageError(
+            f"--decay_ratio {decay_ratio} must lie in (0, 1 - --warmup_ratio]: the decay follows "
+            "the warmup (e.g. 0.25)."
         )
     if not 0.0 < short_sequence_ratio < 1.0:
         raise UsageError(f"--short_sequence_ratio {short_sequence_ratio} must lie between 0 and 1.")

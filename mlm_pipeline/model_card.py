@@ -100,6 +100,13 @@ def model_card(
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
     warmup_steps = int(recipe["warmup_ratio"] * total_steps)
+    decay = "linear decay to 0"
+    if recipe.get("decay_ratio"):
+        decay = f"held, then {decay} over the last {recipe['decay_ratio']:g} of the steps"
+    train_rate = recipe.get("train_mlm_probability") or recipe["mlm_probability"]
+    evaluation = ""
+    if train_rate != recipe["mlm_probability"]:
+        evaluation = f" (evaluation: {recipe['mlm_probability']:.0%}, token by token)"
     clip, per_replica = recipe["max_grad_norm"], recipe["per_replica_batch_size"]
     clipping = f"gradients clipped to global norm {clip:g}" if clip else "no clipping"
     short_length, short_ratio = recipe["short_sequence_length"], recipe["short_sequence_ratio"]
@@ -228,10 +235,10 @@ def model_card(
         f"| optimizer | AdamW ({adam}), weight decay {recipe['weight_decay_rate']} (not on biases "
         f"and layer norms), {clipping} |",
         f"| learning rate | peak {recipe['learning_rate']:g}, linear warmup over {warmup_steps:,} "
-        f"steps ({recipe['warmup_ratio']:g} of them), then linear decay to 0 |",
-        f"| masking | {recipe['mlm_probability']:.0%} of the non-special tokens of each "
+        f"steps ({recipe['warmup_ratio']:g} of them), then {decay} |",
+        f"| masking | {train_rate:.0%} of the non-special tokens of each "
         f"sequence{', chosen as whole words' if recipe['whole_word_masking'] else ''}: 80% become "
-        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch |",
+        f"`{mask}`, 10% a random token, 10% stay; new masks every epoch{evaluation} |",
         f"| loss | cross-entropy at the masked positions ({recipe['mlm_head']} LM head) |",
         f"| precision | {'mixed bfloat16' if recipe['bfloat16'] else 'float32'} |",
         f"| seed | {recipe['seed']} |",

@@ -248,3 +248,26 @@ def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, 
     unshuffled = restored(run_mlm.build_dataset(files, 8, False, **options))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, unshuffled)
+
+
+def test_training_masks_at_its_own_rate_and_evaluation_at_mlm_probability(validation, tokenizer):
+    """--train_mlm_probability 0.4: training batches mask 40% of each sequence's tokens, while the
+    evaluation batches keep --mlm_probability's 15%, the same positions as without the flag."""
+    files, _ = validation
+    options = dataset_options(tokenizer, train_mlm_probability=0.4)
+
+    def chosen_share(training, **overrides):
+        dataset = run_mlm.build_dataset(files, 8, training, **{**options, **overrides})
+        masked, labels = collect(dataset, 1)[0]
+        special = np.isin(originals(masked, labels), tokenizer.all_special_ids)
+        chosen = (labels != -100).sum(axis=1)
+        return chosen, np.round((~special).sum(axis=1) * np.array([0.4, 0.15])[:, None])
+
+    chosen, (at_40, _) = chosen_share(True)
+    np.testing.assert_array_equal(chosen, at_40)
+    chosen, (_, at_15) = chosen_share(False)
+    np.testing.assert_array_equal(chosen, at_15)
+    plain = run_mlm.build_dataset(files, 8, False, **dataset_options(tokenizer))
+    np.testing.assert_array_equal(
+        collect(plain, 1)[0][1], collect(run_mlm.build_dataset(files, 8, False, **options), 1)[0][1]
+    )

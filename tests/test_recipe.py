@@ -230,6 +230,11 @@ def warmup_args(shards_dir, tokenizer_dir, output_dir, total, *extra):
         MAX_LENGTH // 4,
         "--short_sequence_ratio",
         0.5,
+        # the rest of the CPU recipe, so that a killed run is shown to resume it exactly
+        "--train_mlm_probability",
+        0.3,
+        "--decay_ratio",
+        0.25,
         *extra,
     )
 
@@ -281,6 +286,9 @@ def test_warmup_evaluates_at_full_length_at_the_switch_and_the_end(uninterrupted
     output_dir, total, logs = uninterrupted_warmup
     # an evaluation closes the short phase
     assert logs["step"][-1] == total and total // 2 in logs["step"]
+    card = (output_dir / "README.md").read_text()
+    assert "held, then linear decay to 0 over the last 0.25 of the steps" in card
+    assert "30% of the non-special tokens" in card and "(evaluation: 15%, token by token)" in card
     assert all(np.isfinite(logs["val_loss"]))
     log = (output_dir / contract.TRAINING_LOG_NAME).read_text().splitlines()
     assert len({row.split(",")[0] for row in log[1:]}) == len(log) - 1  # each epoch once in the CSV
@@ -459,3 +467,20 @@ def test_recipe_flags_out_of_range_are_refused_in_one_line(
         )
     assert "\n" not in str(refusal.value)
     assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero():
+    schedule = run_mlm.warmup_stable_decay(2.0, total_steps=100, warmup_steps=10, decay_steps=25)
+    rates = {step: float(schedule(step)) for step in (0, 5, 10, 40, 75, 80, 95, 100)}
+    expected = {0: 0.0, 5: 1.0, 10: 2.0, 40: 2.0, 75: 2.0, 80: 1.6, 95: 0.4, 100: 0.0}
+    assert rates == pytest.approx(expected)
+
+
+def test_warmup_stable_decay_over_every_step_after_the_warmup_is_create_optimizers_triangle():
+    from transformers import create_optimizer
+
+    _, triangle = create_optimizer(1e-3, 200, 20)
+    schedule = run_mlm.warmup_stable_decay(1e-3, total_steps=200, warmup_steps=20, decay_steps=180)
+    steps = [0, 7, 20, 21, 100, 199, 200]
+    expected = [float(triangle(s)) for s in steps]
+    assert [float(schedule(s)) for s in steps] == pytest.approx(expected, rel=1e-5)

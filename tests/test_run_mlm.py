@@ -419,6 +419,16 @@ BAD_FLAGS_AND_FILES = [
     ),
     case("run_mlm: --warmup_ratio 1", RUN_MLM + " --warmup_ratio 1", "--warmup_ratio 1"),
     case(
+        "run_mlm: --train_mlm_probability 1",
+        RUN_MLM + " --train_mlm_probability 1",
+        "--train_mlm_probability 1.0 must lie between 0 and 1",
+    ),
+    case(
+        "run_mlm: --decay_ratio past the warmup",
+        RUN_MLM + " --warmup_ratio 0.1 --decay_ratio 0.95",
+        "--decay_ratio 0.95 must lie in (0, 1 - --warmup_ratio]",
+    ),
+    case(
         "run_mlm: --jit_compile with replicas",
         RUN_MLM + " --jit_compile --cpu_replicas 2",
         "--jit_compile",
