@@ -17,12 +17,11 @@ import signal
 
 import pytest
 from conftest import (
-    MAX_LENGTH,
     assert_same_files,
     files_in,
-    flags,
     kill_when,
     make_corpus_lines,
+    prepare_flags,
     run_command,
     start_script,
     write_lines,
@@ -86,12 +85,8 @@ runpy.run_path(script, run_name="__main__")
 
 
 def prepare_argv(train_file, tokenizer_dir, output_dir, shard_size=SHARD_SIZE):
-    return flags(
-        train_file=train_file,
-        tokenizer_name_or_path=tokenizer_dir,
-        max_length=MAX_LENGTH,
-        shard_size=shard_size,
-        output_dir=output_dir,
+    return prepare_flags(
+        {"train": train_file}, tokenizer_dir, "train", output_dir, shard_size=shard_size
     )
 
 

@@ -13,6 +13,7 @@ from conftest import (
     dataset_files,
     flags,
     make_corpus_lines,
+    prepare_flags,
     read_lines,
     write_hub_layout,
     write_lines,
@@ -30,13 +31,8 @@ SHARD_NAME = re.compile(
 def run_prepare(
     train_file, tokenizer_dir, output_dir, *extra, split="train", max_length=MAX_LENGTH
 ):
-    argv = flags(
-        **{f"{split}_file": train_file},
-        split=split,
-        tokenizer_name_or_path=tokenizer_dir,
-        max_length=max_length,
-        output_dir=output_dir,
-    )
+    sizes = dict(max_length=max_length, shard_size=None)
+    argv = prepare_flags({split: train_file}, tokenizer_dir, split, output_dir, **sizes)
     return prepare.main(prepare.parse_args(argv + [str(arg) for arg in extra]))
 
 
@@ -731,12 +727,6 @@ def test_prepare_refuses_to_replace_a_finished_split(
 ):
     output_dir = tmp_path / "shards"
     shutil.copytree(shards_dir / "validation", output_dir / "validation")
-    args = flags(
-        validation_file=corpus["validation"],
-        split="validation",
-        tokenizer_name_or_path=tokenizer_dir,
-        max_length=MAX_LENGTH,
-        output_dir=output_dir,
-    )
+    args = prepare_flags(corpus, tokenizer_dir, "validation", output_dir, shard_size=None)
     needles = (output_dir / "validation", "--overwrite_output_dir")
     refused(run_script, "prepare_tfrecord_shards.py", args, output_dir, *needles)

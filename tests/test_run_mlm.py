@@ -20,7 +20,7 @@ def train(shards_dir, tokenizer_dir, output_dir, *extra, eval_split=True):
     argv = mlm_flags(
         shards_dir / "train", tokenizer_dir, output_dir, seed=0, eval_dataset=evaluation
     )
-    return run_mlm.main(run_mlm.parse_args(argv + [str(arg) for arg in extra]))
+    return run_in_process(*argv, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -698,7 +698,7 @@ def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
     monkeypatch.setattr(run_mlm, "build_strategy", no_strategy_yet)
     args = mlm_args(shards_dir / "train", tokenizer_dir, a_file / "model")
     with pytest.raises(run_mlm.UsageError, match="a_file"):
-        run_mlm.main(run_mlm.parse_args([str(arg) for arg in args]))
+        run_in_process(*args)
 
 
 def test_run_mlm_tokenizer_folder_without_a_tokenizer(run_script, shards_dir, tmp_path):
