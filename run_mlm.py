@@ -215,9 +215,8 @@ def mask_tokens(
 
 
 def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_probability, seed,
-                  train_mlm_probability=None, shuffle_buffer_size=2**16, whole_word_masking=False,
-                  start_epoch=0, start_batch=0, batches_per_epoch=None, pipeline=0,
-                  pieces=1):  # fmt: skip
+                  train_mlm_probability, shuffle_buffer_size, whole_word_masking, start_epoch=0,
+                  start_batch=0, batches_per_epoch=None, pipeline=0, pieces=1):  # fmt: skip
     """One host's input pipeline: shards -> shuffled, parsed, masked batches of ({"input_ids",
     "masked_positions"}, labels), every shape static. Training data is an endless stream of epochs
     (at most `batches_per_epoch` batches each: all hosts take the same steps), its randomness
