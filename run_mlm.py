@@ -148,18 +148,7 @@ def build_strategy(args):
     with tf_startup.tensorflow_startup_log_held_back():
         if args.no_tpu:
             return hosts.strategy_without_tpu(args.multi_worker, args.cpu_replicas)
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-                tpu=args.tpu_name, zone=args.tpu_zone, project=args.gcp_project
-            )
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-        except (ValueError, RuntimeError, tf.errors.OpError) as error:
-            reason = str(error).strip().split(". ")[0] or type(error).__name__
-            raise UsageError(
-                f"no TPU found for --tpu_name {args.tpu_name} ({reason}); pass --no_tpu to "
-                "train on GPUs or the CPU."
-            ) from None
+        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
         return tf.distribute.TPUStrategy(resolver)
 
 
