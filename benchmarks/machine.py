@@ -1,67 +1,61 @@
-"""What every benchmark prints first: the machine it ran on, and (for training) the machine's matmul
-ceiling.
+"""What every benchmark shares: the line that says which machine it ran on, and its tables.
 
 Figures from one run are only compared with figures from the same run: the machines these benchmarks
 run on are shared and noisy, so a ratio measured side by side is what carries over.
 """
 
+import importlib.metadata
 import os
 import platform
-import time
+
+import psutil
 
 
 def describe_machine():
-    """One line: CPU model, core count, memory, Python and the key library versions."""
+    """One line: CPU model, the cores this process may use, memory, Python and the key library
+    versions (read from the installed packages, so nothing heavy is imported for them)."""
     model = platform.processor() or "unknown CPU"
-    try:
+    if os.path.exists("/proc/cpuinfo"):  # Linux names the model only there
         with open("/proc/cpuinfo") as cpuinfo:
-            model = next(
-                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
-    memory = ""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            kib = int(next(line.split()[1] for line in meminfo if line.startswith("MemTotal")))
-        memory = f", {kib / 2**20:.0f} GiB"
-    except (OSError, StopIteration, ValueError):
-        pass
+            names = [line.split(":", 1)[1] for line in cpuinfo if line.startswith("model name")]
+        model = names[0].strip() if names else model
+    cores = len(psutil.Process().cpu_affinity())
+    memory = psutil.virtual_memory().total / 2**30
     versions = []
-    for name in ("tensorflow", "transformers", "tokenizers"):
+    for name in ("tensorflow", "tf-keras", "transformers", "tokenizers"):
         try:
-            versions.append(f"{name} {__import__(name).__version__}")
-        except ImportError:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
             pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
-        f"{model}, {cores} cores{memory}; Python {platform.python_version()}, {', '.join(versions)}"
+        f"{model}, {cores} cores, {memory:.0f} GiB; Python {platform.python_version()}, "
+        f"{', '.join(versions)}; load average {load_average()}"
     )
 
 
-def fastest_time(function, repeats):
-    """The shortest wall time of `repeats` calls, in seconds: what the machine can do when nothing
-    interferes."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def load_average():
+    """The machine's load over the last 1, 5 and 15 minutes: other jobs show here."""
+    return " ".join(f"{value:.2f}" for value in psutil.getloadavg())
 
 
-def matmul_ceiling(dtype="float32", sizes=(1024, 2048, 4096), repeats=5):
-    """The best FLOP/s TensorFlow reaches on a square matmul here (the fastest of `repeats` calls,
-    not the median): the denominator of MFU."""
+def markdown_table(header, rows, text_columns=1):
+    """A markdown table as text, as BENCHMARKS.md shows them: the first `text_columns` columns
+    left-aligned, the figures right-aligned."""
+    rule = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    return "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in [header, rule, *rows])
+
+
+def shard_sequences(folder, flag):
+    """Every sequence of a prepare_tfrecord_shards.py split folder as one int64 array [records,
+    max_length], and the split's manifest (checked by the package, which names `flag` if it is
+    not a finished split)."""
+    import numpy as np
     import tensorflow as tf
 
-    best = 0.0
-    for size in sizes:
-        a = tf.random.normal([size, size], dtype=tf.float32)
-        b = tf.random.normal([size, size], dtype=tf.float32)
-        a, b = tf.cast(a, dtype), tf.cast(b, dtype)
-        multiply = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)))
-        multiply()  # trace and warm up
-        seconds = fastest_time(lambda: multiply().numpy(), repeats)
-        best = max(best, 2 * size**3 / seconds)
-    return best
+    from mlm_pipeline import contract
+
+    manifest = contract.read_manifest(folder, flag)
+    features = contract.record_features(manifest["max_length"])
+    batches = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
+    batches = batches.map(lambda records: tf.io.parse_example(records, features))
+    return np.concatenate([batch[contract.FEATURE_NAME].numpy() for batch in batches]), manifest

@@ -23,7 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # mlm_pipeline/ lives at the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlm_pipeline import contract  # noqa: E402
+from machine import describe_machine, markdown_table, shard_sequences  # noqa: E402
+
 from mlm_pipeline.errors import UsageError  # noqa: E402
 
 
@@ -42,29 +43,15 @@ def parse_args():
     return parser.parse_args()
 
 
-def read_ids(folder, flag):
-    """All sequences of a shard folder as one [records, max_length] int32 array, and its
-    manifest."""
-    import numpy as np
-    import tensorflow as tf
-
-    manifest = contract.read_manifest(folder, flag)  # checked, with the shard files it lists
-    feature = contract.record_features(manifest["max_length"])
-    records = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
-    batches = [
-        batch[contract.FEATURE_NAME].numpy()
-        for batch in records.map(lambda x: tf.io.parse_example(x, feature))
-    ]
-    return np.concatenate(batches).astype(np.int32), manifest
-
-
 def main():
     args = parse_args()
     import numpy as np
 
+    print(f"Machine: {describe_machine()}")
+
     try:
-        train, manifest = read_ids(args.train_dataset, "--train_dataset")
-        evaluation, _ = read_ids(args.eval_dataset, "--eval_dataset")
+        train, manifest = shard_sequences(args.train_dataset, "--train_dataset")
+        evaluation, _ = shard_sequences(args.eval_dataset, "--eval_dataset")
     except UsageError as error:
         sys.exit(f"error: {error}")
     vocab = manifest["vocab_size"]
@@ -101,15 +88,12 @@ def main():
         f"Scored {len(middle):,} evaluation tokens with counts from {len(stream):,} training "
         "tokens.\n"
     )
-    print("| context | accuracy | cross-entropy (nats) |\n|---|---:|---:|")
-    print(
-        f"| none (unigram: always the most frequent token) | {unigram_accuracy:.3f} | "
-        f"{unigram_nats:.3f} |"
-    )
-    print(
-        f"| left and right neighbour (bigram counts) | {correct / len(middle):.3f} | "
-        f"{nats / len(middle):.3f} |"
-    )
+    rows = [
+        ["none (unigram: always the most frequent token)", unigram_accuracy, unigram_nats],
+        ["left and right neighbour (bigram counts)", correct / len(middle), nats / len(middle)],
+    ]
+    rows = [[context, f"{accuracy:.3f}", f"{entropy:.3f}"] for context, accuracy, entropy in rows]
+    print(markdown_table(["context", "accuracy", "cross-entropy (nats)"], rows))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ tokens, with the same seed, so every run of the recipe table is scored on the ve
 whatever it trained with (whole words, short pieces). The table gives the tokens seen when accuracy
 at [MASK] first reaches 0.10, 0.20 and 0.30; tokens carry over to other hardware, minutes do not.
 Minutes count training only: the time of these extra evaluations is taken out (run_mlm.py's own
-epoch-end evaluations stay in, as in a user's run).
+epoch-end evaluations stay in, as in a user's run). With --eval_every set to the steps of an epoch,
+the table is the budget-to-accuracy curve epoch by epoch.
 """
 
 import argparse
@@ -26,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # run_mlm.py lives at the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, markdown_table  # noqa: E402
 
 import run_mlm  # noqa: E402
 from mlm_pipeline import contract, hosts  # noqa: E402
@@ -77,8 +78,12 @@ def curve_callback(args, eval_every, points):
                 training=False,
                 tokenizer=tokenizer,
                 max_length=max_length,
+                mlm_probability=args.mlm_probability,
+                train_mlm_probability=args.train_mlm_probability,
+                seed=args.seed,
+                shuffle_buffer_size=args.shuffle_buffer_size,
+                whole_word_masking=args.whole_word_masking,
                 batches_per_epoch=self.eval_steps,
-                **run_mlm.flag_values(args, run_mlm.DATA_FLAGS),
             )
 
         def on_train_batch_end(self, batch, logs=None):
@@ -134,14 +139,19 @@ def main():
     points = []
     run_mlm.main(args, callbacks=[curve_callback(args, own.eval_every, points)])
 
-    print("\n| step | tokens | minutes | val loss | accuracy at [MASK] | top token share |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for point in points:
-        print(
-            f"| {point['step']:,} | {point['tokens'] / 1e6:.1f} M | {point['minutes']:.1f} | "
-            f"{point['loss']:.3f} | {point['mask_token_accuracy']:.3f} | "
-            f"{point['top_token_share']:.2f} |"
-        )
+    rows = [
+        [
+            f"{point['step']:,}",
+            f"{point['tokens'] / 1e6:.1f} M",
+            f"{point['minutes']:.1f}",
+            f"{point['loss']:.3f}",
+            f"{point['mask_token_accuracy']:.3f}",
+            f"{point['top_token_share']:.2f}",
+        ]
+        for point in points
+    ]
+    header = ["step", "tokens", "minutes", "val loss", "accuracy at [MASK]", "top token share"]
+    print("\n" + markdown_table(header, rows, text_columns=0))
     reached = []
     for threshold in THRESHOLDS:
         point = first_reached(points, threshold)

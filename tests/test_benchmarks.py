@@ -1,0 +1,142 @@
+"""Every benchmark script runs to its end at its smallest setting and prints its tables, figures
+and all.
+
+The scripts in benchmarks/ are found by their `__main__`, and each is run as a user runs it,
+`python benchmarks/<name>.py <flags>`, on the session's tiny corpus, tokenizer and shards: a
+benchmark that a change of the scripts or the package breaks fails here, not months later on a large
+corpus. A script with no smallest setting below fails too, so a new benchmark comes with one.
+Nothing here asserts a timing: only that the run ends, prints its rows with numbers where figures
+belong, and holds what it checks itself (the same bytes, the same tokens).
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+SCRIPTS = sorted(
+    path.name
+    for path in BENCHMARKS.glob("*.py")
+    if re.search(r"^if __name__ == .__main__.:", path.read_text(encoding="utf-8"), re.M)
+)
+# a figure as the tables print it: 1,234 | 0.25 | 12.5% | 1.42x | **0.78x** | 0.0 M
+FIGURE = re.compile(r"\**[\d,]*\.?\d+(e[-+]?\d+)?(%|x| M)?\**")
+
+
+def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path):
+    """{script: (its flags at its smallest setting, check(stdout) that asserts what it printed)}."""
+    train, validation = shards_dir / "train", shards_dir / "validation"
+    beam = importlib.util.find_spec("apache_beam") is not None
+    run_mlm = ["--no_tpu", "--train_dataset", train, "--tokenizer", tokenizer_dir]
+    run_mlm += ["--config_overrides", tiny_model, "--no_pytorch_export"]
+    curve = tmp_path / "curve.json"
+
+    def tokenizer_efficiency(output):
+        assert_row(output, "train_unigram.py", figures=7)
+        assert_row(output, "SentencePiece unigram (its defaults)", figures=7)
+
+    def neighbour_baseline(output):
+        assert_row(output, "none (unigram: always the most frequent token)", figures=2)
+        assert_row(output, "left and right neighbour (bigram counts)", figures=2)
+
+    def prepare_shards(output):
+        assert "tokens: the same as the shards'" in output  # what the floor read, prepare wrote
+        assert_row(output, "floor: `tokenizer(lines)`", figures=2)
+        assert_row(output, "prepare_tfrecord_shards.py main()", figures=2)
+        assert re.search(r"prepare / floor: \*\*[\d.]+x\*\*", output)
+        assert_row(output, "numpy (packing.serialize_examples)", figures=2)
+        assert_row(output, "tf.train.Example per row", figures=2)
+        figures = r"\| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d,]+ \|"  # wall, MB/s, CPU, launcher RSS
+        run = r"\| 1x \([\d.]+ MB\) \| {} " + figures + r" {} \| [\d.]+ \| {} \|"
+        assert re.search(run.format("single", "—", "—"), output), output
+        if beam:  # each worker's memory, and the same bytes as the single process
+            workers, same = r"[\d,]+, [\d,]+", r"yes \(single\)"
+            assert re.search(run.format("beam 2 workers", workers, same), output), output
+        else:
+            assert "Apache Beam is not installed" in output
+
+    def training_speed(output):
+        assert_row(output, "sparse", figures=5)  # "vs full" needs the full variant too
+        assert re.search(r"Input pipeline alone: [\d,]+ sequences/s .* \*\*\d+x\*\*", output)
+
+    def recipe_curve(output):
+        for step in ("2", "4"):
+            assert_row(output, step, figures=5)
+        assert "Tokens seen when accuracy at [MASK] first reached 0.10: " in output
+        assert [point["step"] for point in json.loads(curve.read_text())["points"]] == [2, 4]
+
+    return {
+        "tokenizer_efficiency.py": (
+            ["--train_file", corpus["train"], "--validation_file", corpus["validation"]]
+            + ["--vocab_size", 400],
+            tokenizer_efficiency,
+        ),
+        "neighbour_baseline.py": (
+            ["--train_dataset", train, "--eval_dataset", validation],
+            neighbour_baseline,
+        ),
+        "prepare_shards.py": (
+            ["--train_file", corpus["train"], "--tokenizer", tokenizer_dir, "--max_length", 32]
+            + ["--repeats", 1, "--rounds", 1, "--scales", 1, "--ways", "single", "beam 2 workers"],
+            prepare_shards,
+        ),
+        "training_speed.py": (
+            ["--train_dataset", train, "--tokenizer", tokenizer_dir, "--variants", "sparse"]
+            + ["--config_overrides", tiny_model, "--batch_size", 4, "--steps", 2]
+            + ["--warmup_steps", 1, "--rounds", 1, "--pipeline_batches", 4]
+            + ["--ceiling_sizes", 64],
+            training_speed,
+        ),
+        "recipe_curve.py": (
+            ["--eval_every", 2, "--output_json", curve, "--", *run_mlm]
+            + ["--eval_dataset", validation, "--output_dir", tmp_path / "model"]
+            + ["--max_steps", 4, "--per_replica_batch_size", 8],
+            recipe_curve,
+        ),
+    }
+
+
+def assert_row(output, first_cell, figures):
+    """A markdown table row that starts with `first_cell` is in `output`, and at least `figures` of
+    its other cells are figures."""
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            numbers = [cell for cell in cells[1:] if FIGURE.fullmatch(cell)]
+            assert len(numbers) >= figures, f"too few figures in {line!r}"
+            return
+    raise AssertionError(f"no table row {first_cell!r} in:\n{output}")
+
+
+@pytest.fixture
+def settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path):
+    return smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path)
+
+
+def test_benchmarks_are_found():
+    assert "prepare_shards.py" in SCRIPTS and "machine.py" not in SCRIPTS
+
+
+def test_every_smallest_setting_is_a_benchmark(settings):
+    assert set(settings) <= set(SCRIPTS), "a smallest setting for a script that is gone"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_runs_at_its_smallest_setting(script, settings):
+    assert script in settings, (
+        f"benchmarks/{script} has no smallest setting: add its flags and what its output must show "
+        "to smallest_settings() in tests/test_benchmarks.py"
+    )
+    flags, check = settings[script]
+    command = [sys.executable, str(BENCHMARKS / script), *map(str, flags)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-3000:]}"
+    check(result.stdout)
