@@ -34,6 +34,7 @@ from mlm_pipeline import (
     segments,
     storage,
     tf_startup,
+    training_logs,
     training_run,
     whole_words,
 )
@@ -42,44 +43,40 @@ from mlm_pipeline.errors import (
     OneLineErrorParser,
     UsageError,
     exit_on_usage_error,
+    fraction_below_one,
+    non_negative_float,
     non_negative_int,
+    positive_float,
     positive_int,
+    probability,
 )
 from mlm_pipeline.pytorch_export import check_pytorch_export, write_pytorch_copy
 
 # Flags that shape the batches and the optimizer: a resumed run must have the same (the model card
 # shows them, and CARD_SETTINGS); --gradient_accumulation_steps may change: the same steps.
 RESUME_SETTINGS = (
-    "seed", "learning_rate", "mlm_probability", "train_mlm_probability", "whole_word_masking",
-    "shuffle_buffer_size", "warmup_ratio", "decay_ratio", "weight_decay_rate", "max_grad_norm",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "short_sequence_length", "short_sequence_ratio",
-)  # fmt: skip
+    "seed",
+    "learning_rate",
+    "mlm_probability",
+    "train_mlm_probability",
+    "whole_word_masking",
+    "shuffle_buffer_size",
+    "warmup_ratio",
+    "decay_ratio",
+    "weight_decay_rate",
+    "max_grad_norm",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "short_sequence_length",
+    "short_sequence_ratio",
+)
 CARD_SETTINGS = ("per_replica_batch_size", "gradient_accumulation_steps", "mlm_head", "bfloat16")
 CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "tokenizer")
-# The flags each step of the story takes, by the names of its parameters.
-RUN_FLAGS = (
-    "output_dir", "overwrite_output_dir", "hub_model_id", "hub_private", "hub_push_timeout",
-)  # fmt: skip
-DATA_FLAGS = (
-    "mlm_probability", "train_mlm_probability", "seed", "shuffle_buffer_size", "whole_word_masking",
-)  # fmt: skip
-CONFIG_FLAGS = (
-    "pretrained_model_config", "config_overrides", "trust_remote_code", "no_pytorch_export",
-)  # fmt: skip
-NUMBER_FLAGS = (  # checked by flag_checks.py
-    "max_length", "mlm_probability", "train_mlm_probability", "short_sequence_ratio",
-    "warmup_ratio", "decay_ratio", "learning_rate", "weight_decay_rate", "max_grad_norm",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "per_replica_batch_size",
-    "gradient_accumulation_steps",
-)  # fmt: skip
-MODEL_FLAGS = (
-    "learning_rate", "warmup_ratio", "decay_ratio", "weight_decay_rate", "adam_beta1",
-    "adam_beta2", "adam_epsilon", "max_grad_norm", "mlm_head", "gradient_accumulation_steps",
-    "bfloat16", "jit_compile", "steps_per_execution",
-)  # fmt: skip
 
 
 def flag_values(args, names):
+    """{name: value} of the flags `names`: what the resume check and the model card record."""
     return {name: getattr(args, name) for name in names}
 
 
@@ -89,54 +86,222 @@ def parse_args(argv=None):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument_group("data").add_argument
-    add("--train_dataset", required=True, help="Folder of train shards (or gs://).")
-    add("--eval_dataset", help="Folder of evaluation shards (or gs://); optional.")
-    add("--tokenizer", required=True, help="Tokenizer folder or Hub id.")
-    add("--max_length", type=int, help="Sequence length; must equal the shards'.")
-    add("--mlm_probability", type=float, default=0.15, help="Share of tokens masked.")
-    add("--train_mlm_probability", type=float, help="Masked in training (eval: the above).")
-    add("--shuffle_buffer_size", type=positive_int, default=2**16, help="Sequences shuffled.")
-    add("--whole_word_masking", action="store_true", help="Train on whole words masked.")
+    add(
+        "--train_dataset",
+        required=True,
+        help="Folder of training shards written by prepare_tfrecord_shards.py (local or gs://).",
+    )
+    add(
+        "--eval_dataset",
+        help="Folder of evaluation shards, scored at the end of every epoch (local or gs://).",
+    )
+    add("--tokenizer", required=True, help="The shards' tokenizer: a folder or a Hub id.")
+    add(
+        "--max_length",
+        type=positive_int,
+        help="Tokens per sequence, to check against the shards (their manifest gives it anyway).",
+    )
+    add(
+        "--mlm_probability",
+        type=probability,
+        default=0.15,
+        help="Share of each sequence's tokens masked (in training too, unless the next flag).",
+    )
+    add(
+        "--train_mlm_probability",
+        type=probability,
+        help="Share masked in training alone, e.g. 0.3; evaluation keeps --mlm_probability.",
+    )
+    add(
+        "--shuffle_buffer_size",
+        type=positive_int,
+        default=2**16,
+        help="Training sequences shuffled together: the shards are read in blocks this long.",
+    )
+    add(
+        "--whole_word_masking",
+        action="store_true",
+        help="In training, mask every piece of a chosen word, never part of one.",
+    )
     add = parser.add_argument_group("model").add_argument
-    add("--pretrained_model_config", help="Config (Hub id, folder, JSON), never weights.")
-    add("--config_overrides", help="e.g. hidden_size=256,num_hidden_layers=4")
-    add("--trust_remote_code", action="store_true", help="Allow Hub repositories' code.")
+    add(
+        "--pretrained_model_config",
+        help="Architecture to start from (Hub id, folder or config.json; never its weights); "
+        "RoBERTa-base's when not given.",
+    )
+    add(
+        "--config_overrides",
+        help="Changes to the architecture, e.g. hidden_size=256,num_hidden_layers=4.",
+    )
+    add(
+        "--trust_remote_code",
+        action="store_true",
+        help="Allow the Python code of a Hub repository's tokenizer or config to run.",
+    )
     add = parser.add_argument_group("training").add_argument
-    add("--output_dir", required=True, help="Model, checkpoints and logs (or gs://).")
-    add("--overwrite_output_dir", action="store_true", help="Replace a finished model.")
-    add("--no_pytorch_export", action="store_true", help="No pytorch/ copy (transformers 5).")
-    add("--per_replica_batch_size", type=positive_int, default=8, help="Sequences a replica.")
-    add("--num_epochs", type=positive_int, default=1, help="Passes over the train shards.")
-    add("--max_steps", type=positive_int, help="Optimizer steps in all (over --num_epochs).")
-    add("--learning_rate", type=float, default=1e-4, help="Peak learning rate.")
-    add("--weight_decay_rate", type=float, default=0.01, help="AdamW's weight decay.")
-    add("--warmup_ratio", type=float, default=0.05, help="Share of steps warming the rate up.")
-    add("--decay_ratio", type=float, help="Hold the peak, decay over this last share of steps.")
-    add("--max_grad_norm", type=float, default=0.0, help="Global gradient clip; 0: none.")
-    add("--adam_beta1", type=float, default=0.9, help="Adam's beta1.")
-    add("--adam_beta2", type=float, default=0.999, help="Adam's beta2.")
-    add("--adam_epsilon", type=float, default=1e-8, help="Adam's epsilon.")
-    add("--short_sequence_length", type=positive_int, help="Sequence-length warmup: pieces.")
-    add("--short_sequence_ratio", type=float, default=0.5, help="Share of steps on pieces.")
-    add("--gradient_accumulation_steps", type=positive_int, default=1, help="Micro-batches.")
-    add("--seed", type=int, default=42, help="Seed of shuffles, masks and weights.")
-    add("--mlm_head", choices=("sparse", "full"), default="sparse", help="Where the head runs.")
-    add("--bfloat16", action="store_true", help="Mixed bfloat16 precision (TPU, recent GPUs).")
-    add("--jit_compile", action="store_true", help="Compile the train step with XLA.")
-    add("--steps_per_execution", type=positive_int, default=1, help="Steps a tf.function call.")
-    add("--save_steps", type=non_negative_int, default=1000, help="Checkpoint every N; 0: epochs.")
-    add("--save_total_limit", type=positive_int, default=3, help="Checkpoints kept.")
-    add("--logging_steps", type=positive_int, default=50, help="TensorBoard scalars every N.")
+    add(
+        "--output_dir",
+        required=True,
+        help="Where the model, its checkpoints and its logs go (local or gs://).",
+    )
+    add(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Replace a finished model in --output_dir instead of refusing to.",
+    )
+    add(
+        "--no_pytorch_export",
+        action="store_true",
+        help="Skip the pytorch/ copy of the model that transformers 5 loads.",
+    )
+    add(
+        "--per_replica_batch_size",
+        type=positive_int,
+        default=8,
+        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes a step.",
+    )
+    add(
+        "--num_epochs",
+        type=positive_int,
+        default=1,
+        help="Passes over the training shards (unless --max_steps).",
+    )
+    add(
+        "--max_steps",
+        type=positive_int,
+        help="Optimizer steps in all, in place of --num_epochs: may end mid-pass or repeat data.",
+    )
+    add("--learning_rate", type=positive_float, default=1e-4, help="Peak learning rate.")
+    add(
+        "--weight_decay_rate",
+        type=non_negative_float,
+        default=0.01,
+        help="AdamW's weight decay (none on biases and layer norms).",
+    )
+    add(
+        "--warmup_ratio",
+        type=fraction_below_one,
+        default=0.05,
+        help="Share of the steps over which the learning rate rises to its peak.",
+    )
+    add(
+        "--decay_ratio",
+        type=positive_float,
+        help="Hold the peak, then decay to 0 over this last share of the steps; when not given, "
+        "the decay starts right after the warmup.",
+    )
+    add(
+        "--max_grad_norm",
+        type=non_negative_float,
+        default=0.0,
+        help="Clip the gradients of all replicas together to this global norm; 0 leaves them.",
+    )
+    add(
+        "--adam_beta1",
+        type=fraction_below_one,
+        default=0.9,
+        help="Adam's beta1: how slowly the running mean of the gradients forgets.",
+    )
+    add(
+        "--adam_beta2",
+        type=fraction_below_one,
+        default=0.999,
+        help="Adam's beta2: how slowly the running mean of their squares forgets.",
+    )
+    add(
+        "--adam_epsilon",
+        type=positive_float,
+        default=1e-8,
+        help="Adam's epsilon, added to the denominator of every update.",
+    )
+    add(
+        "--short_sequence_length",
+        type=positive_int,
+        help="Sequence-length warmup: train the first steps on pieces of this many tokens, cut "
+        "from the shards' sequences.",
+    )
+    add(
+        "--short_sequence_ratio",
+        type=probability,
+        default=0.5,
+        help="Share of the steps trained on those pieces (with --short_sequence_length).",
+    )
+    add(
+        "--gradient_accumulation_steps",
+        type=positive_int,
+        default=1,
+        help="Split each replica's batch into this many micro-batches: the same step, in less "
+        "memory.",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=42,
+        help="Seed of the shuffles, the masks and the initial weights.",
+    )
+    add(
+        "--mlm_head",
+        choices=("sparse", "full"),
+        default="sparse",
+        help="Run the LM head at the masked positions only (sparse) or everywhere (full): the "
+        "same loss, more work.",
+    )
+    add(
+        "--bfloat16",
+        action="store_true",
+        help="Mixed precision: compute in bfloat16, keep the weights in float32 (TPUs, recent "
+        "GPUs).",
+    )
+    add("--jit_compile", action="store_true", help="Compile the training step with XLA.")
+    add(
+        "--steps_per_execution",
+        type=positive_int,
+        default=1,
+        help="Steps run by one call to the device: more hide the host's overhead (TPUs).",
+    )
+    add(
+        "--save_steps",
+        type=non_negative_int,
+        default=1000,
+        help="Save a checkpoint every this many steps, and at every epoch end; 0: at epoch ends "
+        "only.",
+    )
+    add(
+        "--save_total_limit",
+        type=positive_int,
+        default=3,
+        help="How many of the newest checkpoints to keep.",
+    )
+    add(
+        "--logging_steps",
+        type=positive_int,
+        default=50,
+        help="Write the training scalars to TensorBoard every this many steps.",
+    )
     add("--hub_model_id", help="Push snapshots and the model to this Hub repo (namespace/name).")
     add("--hub_private", action="store_true", help="Make a new --hub_model_id repo private.")
-    add("--hub_push_timeout", type=positive_int, default=hub.FINAL_PUSH_TIMEOUT, help="Seconds.")
+    add(
+        "--hub_push_timeout",
+        type=positive_int,
+        default=hub.FINAL_PUSH_TIMEOUT,
+        help="Seconds to wait, at most, for the final Hub push to upload.",
+    )
     add = parser.add_argument_group("hardware").add_argument
     add("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM.")
     add("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
     add("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
     add("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
-    add("--multi_worker", action="store_true", help="Machines in TF_CONFIG (implies --no_tpu).")
-    add("--cpu_replicas", type=positive_int, default=1, help="Split the CPU (with --no_tpu).")
+    add(
+        "--multi_worker",
+        action="store_true",
+        help="Train on the machines TF_CONFIG lists (implies --no_tpu).",
+    )
+    add(
+        "--cpu_replicas",
+        type=positive_int,
+        default=1,
+        help="Split the CPU into this many replicas, to rehearse a TPU's (with --no_tpu).",
+    )
     return parser.parse_args(argv)
 
 
@@ -203,9 +368,24 @@ def mask_tokens(
     return masked_ids, positions, labels
 
 
-def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_probability, seed,
-                  train_mlm_probability, shuffle_buffer_size, whole_word_masking, start_epoch=0,
-                  start_batch=0, batches_per_epoch=None, pipeline=0, pieces=1):  # fmt: skip
+def build_dataset(
+    files,
+    batch_size,
+    training,
+    *,
+    tokenizer,
+    max_length,
+    mlm_probability,
+    seed,
+    train_mlm_probability,
+    shuffle_buffer_size,
+    whole_word_masking,
+    start_epoch=0,
+    start_batch=0,
+    batches_per_epoch=None,
+    pipeline=0,
+    pieces=1,
+):
     """One host's input pipeline: shards -> shuffled, parsed, masked batches of ({"input_ids",
     "masked_positions"}, labels), every shape static. Training data is an endless stream of epochs
     (at most `batches_per_epoch` batches each: all hosts take the same steps), its randomness
@@ -223,7 +403,6 @@ def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_pro
     word_starts = None
     if training and whole_word_masking:
         word_starts = tf.constant(whole_words.word_start_table(tokenizer))
-    token_kinds = (mask_token_id, special_ids, replacement_ids, word_starts)  # mask_tokens' args
     if training and train_mlm_probability:
         mlm_probability = train_mlm_probability
     files = tf.constant(files)
@@ -270,7 +449,13 @@ def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_pro
         input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
         input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks drawn per piece
         masked_ids, positions, labels = mask_tokens(
-            input_ids, seed_for(epoch, index), mlm_probability, *token_kinds
+            input_ids,
+            seed_for(epoch, index),
+            mlm_probability,
+            mask_token_id=mask_token_id,
+            special_ids=special_ids,
+            replacement_ids=replacement_ids,
+            word_starts=word_starts,
         )
         return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
 
@@ -278,21 +463,22 @@ def build_dataset(files, batch_size, training, *, tokenizer, max_length, mlm_pro
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def distributed_dataset(strategy, plan, start_step=0, **options):
-    """Every replica's batches: each host runs one build_dataset(**options) on the shard files
-    `plan` (hosts.InputPlan) gives it, batched for its own replicas, from `start_step` on."""
-    return strategy.distribute_datasets_from_function(
-        lambda context: build_dataset(**plan.pipeline_inputs(context, start_step), **options)
-    )
-
-
-def build_config(tokenizer, max_length, pretrained_model_config=None, config_overrides=None,
-                 trust_remote_code=False, no_pytorch_export=False):  # fmt: skip
+def build_config(
+    tokenizer,
+    max_length,
+    *,
+    pretrained_model_config=None,
+    config_overrides=None,
+    trust_remote_code=False,
+    pytorch_export=True,
+):
     """The architecture (RoBERTa-base's unless `pretrained_model_config`, with `config_overrides`)
-    with the tokenizer's size and special ids, and room for `max_length` positions."""
+    with the tokenizer's size and special ids, and room for `max_length` positions. With
+    `pytorch_export`, a config the PyTorch copy cannot be written for is refused now, not after
+    training."""
     config = model_config.load_config(pretrained_model_config, config_overrides, trust_remote_code)
     model_config.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size and positions
-    if not no_pytorch_export:  # a config the PyTorch copy cannot be written for is refused now
+    if pytorch_export:
         check_pytorch_export(config)
     return config
 
@@ -414,11 +600,28 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     return loss_sum, gradients
 
 
-def build_model(config, strategy, mask_token_id, total_steps, *, learning_rate, warmup_ratio,
-                decay_ratio, max_grad_norm, mlm_head, gradient_accumulation_steps, bfloat16,
-                jit_compile, steps_per_execution, **adamw):  # fmt: skip
-    """The masked LM and its trainer, with AdamW and its schedule over `total_steps`, made in the
-    strategy's scope. `adamw`: create_optimizer's weight_decay_rate, adam_beta1, beta2, epsilon."""
+def build_model(
+    config,
+    strategy,
+    mask_token_id,
+    total_steps,
+    *,
+    learning_rate,
+    warmup_ratio,
+    decay_ratio,
+    weight_decay_rate,
+    adam_beta1,
+    adam_beta2,
+    adam_epsilon,
+    max_grad_norm,
+    mlm_head,
+    gradient_accumulation_steps,
+    bfloat16,
+    jit_compile,
+    steps_per_execution,
+):
+    """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
+    `total_steps`, made in the strategy's scope and compiled for fit()."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
@@ -432,9 +635,15 @@ def build_model(config, strategy, mask_token_id, total_steps, *, learning_rate, 
         # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
         # gradients clipped together.
         warmup_steps = int(warmup_ratio * total_steps)
-        clip = max_grad_norm or None
         optimizer, _ = create_optimizer(
-            learning_rate, total_steps, warmup_steps, adam_global_clipnorm=clip, **adamw
+            learning_rate,
+            total_steps,
+            warmup_steps,
+            weight_decay_rate=weight_decay_rate,
+            adam_beta1=adam_beta1,
+            adam_beta2=adam_beta2,
+            adam_epsilon=adam_epsilon,
+            adam_global_clipnorm=max_grad_norm or None,
         )
         if decay_ratio:  # warmup-stable-decay instead of the triangle
             decay_steps = max(1, round(decay_ratio * total_steps))
@@ -483,20 +692,39 @@ def sequence_length_warmup(max_length, total_steps, short_sequence_length, short
     return short_steps, pieces
 
 
-def fit_exact_steps(model, train_from, steps_to_run, steps_per_epoch, short_phase, **fit_options):
-    """Run the optimizer steps of `steps_to_run` with model.fit, evaluating at every epoch end.
+def fit_exact_steps(
+    trainer,
+    train_dataset_from,
+    steps_to_run,
+    steps_per_epoch,
+    *,
+    phase_end=0,
+    validation_data=None,
+    validation_steps=None,
+    callbacks=(),
+):
+    """Run the optimizer steps of `steps_to_run` with trainer.fit, evaluating at every epoch end.
     fit() counts in epochs of equal length and stops only between executions, so a run starting or
-    ending mid-epoch (resumed, --max_steps) gets a fit() call for that part, as does each phase of
-    the sequence-length warmup (`short_phase`): each call's shapes are fixed (segments.py).
-    `train_from(step)` continues the data stream where the last call, or a killed run, stopped."""
-    logs, (short_steps, pieces) = {}, short_phase
+    ending mid-epoch (resumed, --max_steps) gets a fit() call for that part, as does each side of
+    `phase_end` (the sequence-length warmup's switch): each call's shapes are fixed (segments.py).
+    `train_dataset_from(step)` continues the data stream where the last call, or a killed run,
+    stopped. The epochs are numbered as one run across the calls (training_logs.py)."""
+    progress = training_logs.progress_callback(steps_to_run.stop, steps_per_epoch)
     verbose = 1 if sys.stdout.isatty() else 2  # a progress bar on a terminal, a line in a log
+    logs = {}
     for first_step, epoch, epochs, steps_per_call in segments.fit_segments(
-        steps_to_run.start, steps_to_run.stop, steps_per_epoch, phase_end=short_steps
+        steps_to_run.start, steps_to_run.stop, steps_per_epoch, phase_end=phase_end
     ):
-        dataset = train_from(first_step, pieces=pieces if first_step < short_steps else 1)
-        span = dict(initial_epoch=epoch, epochs=epoch + epochs, steps_per_epoch=steps_per_call)
-        history = model.fit(dataset, verbose=verbose, **span, **fit_options)
+        history = trainer.fit(
+            train_dataset_from(first_step),
+            initial_epoch=epoch,
+            epochs=epoch + epochs,
+            steps_per_epoch=steps_per_call,
+            validation_data=validation_data,
+            validation_steps=validation_steps,
+            callbacks=[*callbacks, progress],  # last: it prints the logs the others completed
+            verbose=verbose,
+        )
         for key, values in history.history.items():
             logs[key] = logs.get(key, []) + values
     return logs
@@ -512,8 +740,14 @@ def save_model(folder, masked_lm, tokenizer, pytorch_export=True):
 
 
 def check_args(args):
-    """Flags that cannot work, then the paths: one line for each, before any work."""
-    flag_checks.check_training_numbers(**flag_values(args, NUMBER_FLAGS))
+    """Flags that cannot work together, then the paths: one line for each, before any work (a flag
+    wrong on its own was refused by its argparse type)."""
+    flag_checks.check_recipe_flags(
+        warmup_ratio=args.warmup_ratio,
+        decay_ratio=args.decay_ratio,
+        per_replica_batch_size=args.per_replica_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+    )
     args.no_tpu = args.no_tpu or args.multi_worker
     hosts.check_hardware_flags(args.no_tpu, args.multi_worker, args.cpu_replicas, args.jit_compile)
     hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-from-scratch")
@@ -529,11 +763,24 @@ def start_training_run(args, strategy, config, tokenizer, manifests, plan, total
     with git into --output_dir (so never gs://) and has hung at the end of training: this one
     uploads over HTTP from a background thread (hub.py)."""
     pytorch_export = not args.no_pytorch_export
-    save = functools.partial(save_model, tokenizer=tokenizer, pytorch_export=pytorch_export)
-    card = dict(card_settings=flag_values(args, CARD_SETTINGS), paths=flag_values(args, CARD_PATHS))
-    recipe, flags = flag_values(args, RESUME_SETTINGS), flag_values(args, RUN_FLAGS)
     return training_run.TrainingRun(
-        strategy, config, tokenizer, manifests, plan, total_steps, save, recipe, **card, **flags
+        strategy,
+        config,
+        tokenizer,
+        manifests,
+        plan,
+        total_steps,
+        save_model=functools.partial(
+            save_model, tokenizer=tokenizer, pytorch_export=pytorch_export
+        ),
+        recipe=flag_values(args, RESUME_SETTINGS),
+        card_settings=flag_values(args, CARD_SETTINGS),
+        paths=flag_values(args, CARD_PATHS),
+        output_dir=args.output_dir,
+        overwrite_output_dir=args.overwrite_output_dir,
+        hub_model_id=args.hub_model_id,
+        hub_private=args.hub_private,
+        hub_push_timeout=args.hub_push_timeout,
     )
 
 
@@ -550,30 +797,81 @@ def main(args, callbacks=()):
         args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
     )
     max_length = tokenizer.model_max_length = manifests[0]["max_length"]
-
-    # One input pipeline per host (hosts.py), each reading shard files of its own.
     train_plan, eval_plan = hosts.input_plans(strategy, manifests, args.per_replica_batch_size)
-    data = dict(tokenizer=tokenizer, max_length=max_length, **flag_values(args, DATA_FLAGS))
-    train_from = functools.partial(distributed_dataset, strategy, train_plan, training=True, **data)
-    eval_dataset = eval_plan and distributed_dataset(strategy, eval_plan, training=False, **data)
     total_steps = args.max_steps or args.num_epochs * train_plan.steps_per_epoch
-    short_phase = sequence_length_warmup(
+    short_steps, pieces = sequence_length_warmup(
         max_length, total_steps, args.short_sequence_length, args.short_sequence_ratio
     )
+
+    def masked_batches(plan, training, start_step=0, pieces=1):
+        """Every replica's masked batches from optimizer step `start_step` on: one input pipeline
+        per host, each reading shard files of its own (hosts.py), batched for its own replicas."""
+
+        def host_pipeline(context):
+            host = plan.pipeline_input(context, start_step)
+            return build_dataset(
+                files=host.files,
+                batch_size=host.batch_size,
+                training=training,
+                tokenizer=tokenizer,
+                max_length=max_length,
+                mlm_probability=args.mlm_probability,
+                train_mlm_probability=args.train_mlm_probability,
+                whole_word_masking=args.whole_word_masking,
+                shuffle_buffer_size=args.shuffle_buffer_size,
+                seed=args.seed,
+                pipeline=host.pipeline,
+                batches_per_epoch=host.batches_per_epoch,
+                start_epoch=host.start_epoch,
+                start_batch=host.start_batch,
+                pieces=pieces,
+            )
+
+        return strategy.distribute_datasets_from_function(host_pipeline)
+
+    def train_dataset_from(step):  # the warmup's first `short_steps` train on pieces
+        step_pieces = pieces if step < short_steps else 1
+        return masked_batches(train_plan, training=True, start_step=step, pieces=step_pieces)
+
+    eval_dataset = eval_plan and masked_batches(eval_plan, training=False)
+
     tf_keras.utils.set_random_seed(args.seed)
-    config = build_config(tokenizer, max_length, **flag_values(args, CONFIG_FLAGS))
+    config = build_config(
+        tokenizer,
+        max_length,
+        pretrained_model_config=args.pretrained_model_config,
+        config_overrides=args.config_overrides,
+        trust_remote_code=args.trust_remote_code,
+        pytorch_export=not args.no_pytorch_export,
+    )
     run = start_training_run(args, strategy, config, tokenizer, manifests, train_plan, total_steps)
     masked_lm, trainer = build_model(
-        config, strategy, tokenizer.mask_token_id, total_steps, **flag_values(args, MODEL_FLAGS)
+        config,
+        strategy,
+        tokenizer.mask_token_id,
+        total_steps,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+        decay_ratio=args.decay_ratio,
+        weight_decay_rate=args.weight_decay_rate,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_epsilon=args.adam_epsilon,
+        max_grad_norm=args.max_grad_norm,
+        mlm_head=args.mlm_head,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        bfloat16=args.bfloat16,
+        jit_compile=args.jit_compile,
+        steps_per_execution=args.steps_per_execution,
     )
     start_step = run.resume(masked_lm, trainer.optimizer, args.save_total_limit)
     with contract.corrupt_shards_named(manifests, args.output_dir):  # which one, what to do
         logs = fit_exact_steps(  # fit() in segments of fixed shapes: fit_exact_steps says why
             trainer,
-            train_from,
+            train_dataset_from,
             range(start_step, total_steps),
             train_plan.steps_per_epoch,
-            short_phase,
+            phase_end=short_steps,
             validation_data=eval_dataset,
             validation_steps=eval_plan.steps_per_epoch if eval_plan else None,
             callbacks=run.callbacks(args.save_steps, args.logging_steps) + list(callbacks),

@@ -124,11 +124,10 @@ def checkpoint_callback(manager, save_steps, training_log=None):
             # `batch` is the index of the last step run in this epoch; with --steps_per_execution >
             # 1 this runs once per execution, so save on crossing a multiple of save_steps.
             if batch + 1 == self.params["steps"]:
-                # saved at the epoch's end instead, after its evaluation:
-                # saved here, a kill during the
+                # Saved at the epoch's end instead, after its evaluation: saved here, a kill during
+                # the evaluation would resume past an epoch whose row of training_log.csv was never
+                # written.
                 return
-                # evaluation would resume past an epoch whose row of
-                # training_log.csv was never written
             done = self.epoch_start + batch + 1
             if save_steps and done // save_steps > self.saved_step // save_steps:
                 self.save()

@@ -7,6 +7,7 @@ status 2.
 """
 
 import argparse
+import math
 import re
 import sys
 
@@ -64,9 +65,57 @@ def non_negative_int(text):
     return value
 
 
-# argparse names the type in its own message ("invalid positive_int value:
-# 'ten'"): say "int" instead.
+def finite_float(text):
+    """A number as argparse reads it; nan and inf, which no setting of a run means, refused."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number")
+    return value
+
+
+def probability(text):
+    """argparse type: a share strictly between 0 and 1 (of the tokens masked, of the steps)."""
+    value = finite_float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} must lie strictly between 0 and 1")
+    return value
+
+
+def fraction_below_one(text):
+    """argparse type: a number from 0 up to, but not including, 1 (a warmup share, Adam's betas)."""
+    value = finite_float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or more and below 1")
+    return value
+
+
+def positive_float(text):
+    """argparse type: a number above 0 (a learning rate, Adam's epsilon)."""
+    value = finite_float(text)
+    if value <= 0.0:
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value
+
+
+def non_negative_float(text):
+    """argparse type: 0 or a number above it (a weight decay, a clipping norm where 0 is off)."""
+    value = finite_float(text)
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or a number above 0")
+    return value
+
+
+# argparse names the type in its own message ("invalid positive_int value: 'ten'"): name the kind
+# of number the user typed wrong instead.
 positive_int.__name__ = non_negative_int.__name__ = "int"
+for number_type in (
+    finite_float,
+    probability,
+    fraction_below_one,
+    positive_float,
+    non_negative_float,
+):
+    number_type.__name__ = "float"
 
 
 def exit_on_usage_error(main, args, script):

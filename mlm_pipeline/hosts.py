@@ -7,6 +7,7 @@ of its own, so no two read the same sequence and none need coordinate; one proce
 writes the output.
 """
 
+import dataclasses
 import json
 import os
 
@@ -166,14 +167,28 @@ def logical_cpus(count):
     return [device.name for device in tf.config.list_logical_devices("CPU")]
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineInput:
+    """What one host's input pipeline reads, and from where: its own shard `files`, batched
+    `batch_size` sequences at a time (one batch per replica of its host each step), at most
+    `batches_per_epoch` batches an epoch (every host takes the same steps), its number `pipeline`
+    (for random draws of its own), and where in the stream to start (`start_epoch`, the batches
+    `start_batch` into it)."""
+
+    files: list
+    batch_size: int
+    batches_per_epoch: int
+    pipeline: int
+    start_epoch: int
+    start_batch: int
+
+
 class InputPlan:
     """Which shard files each host's input pipeline reads, and how it batches, for one split.
 
-    `steps_per_epoch`: the optimizer steps of one pass. `pipeline_inputs(context, start_step)` gives
-    the named values of one pipeline's dataset (run_mlm.py's build_dataset) for the
-    `tf.distribute.InputContext` that `strategy.distribute_datasets_from_function` hands it: its
-    files, its per-replica batch size, its batches per epoch, its number (for its own random draws)
-    and where in the stream to start.
+    `steps_per_epoch`: the optimizer steps of one pass. `pipeline_input(context, start_step)`: the
+    PipelineInput of the pipeline `strategy.distribute_datasets_from_function` builds for the
+    `tf.distribute.InputContext` it hands over, starting at optimizer step `start_step`.
     """
 
     def __init__(self, strategy, manifest, flag, per_replica_batch_size):
@@ -193,11 +208,11 @@ class InputPlan:
                 "--per_replica_batch_size or add data."
             )
 
-    def pipeline_inputs(self, context, start_step=0):
+    def pipeline_input(self, context, start_step=0):
         # each pipeline yields one batch per replica of its host per step
         per_pipeline = self.replicas // self.pipelines
         start_epoch, steps_into_epoch = divmod(start_step, self.steps_per_epoch)
-        return dict(
+        return PipelineInput(
             files=self.files[context.input_pipeline_id],
             batch_size=context.get_per_replica_batch_size(self.global_batch_size),
             batches_per_epoch=self.steps_per_epoch * per_pipeline,

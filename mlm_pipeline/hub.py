@@ -107,8 +107,9 @@ def push_folder_files(repo_id, folder, names, card_text, message, what="the file
     )
     try:
         return HfApi().create_commit(repo_id, operations, commit_message=message)
-    # network, credentials, permissions: the local copy is complete anyway
     except Exception as error:
+        # Any failure (network, credentials, permissions) is the same line: the local copy is
+        # complete anyway.
         raise UsageError(
             f"{what} is saved in {folder}, but pushing it to --hub_model_id {repo_id} failed "
             f"({hub_error_text(error)}); push that folder later with `hf upload {repo_id} "

@@ -1,5 +1,5 @@
-"""What run_mlm.py reports as it trains: TensorBoard scalars, the CSV log, the curves PNG, the
-summary line (the metrics themselves are in metrics.py).
+"""What run_mlm.py reports as it trains: the progress of the run, TensorBoard scalars, the CSV log,
+the curves PNG, the summary line (the metrics themselves are in metrics.py).
 
 Each epoch's figures go to <output_dir>/training_log.csv (one
 row per epoch, across resumed runs; checkpoints.py decides when a row is written) and, with the
@@ -39,6 +39,72 @@ def epoch_summary_callback():
             logs["step"] = int(self.model.optimizer.iterations.numpy())
 
     return EpochSummary()
+
+
+def progress_callback(total_steps, steps_per_epoch):
+    """Keras' progress bar, its epochs numbered as one sequence for the whole run, and after each
+    epoch a line of the steps left and about how long they will take.
+
+    fit_exact_steps calls fit() once per segment of fixed shape, and each call counts its epochs
+    to its own end (`Epoch 4/4`, then `Epoch 5/8`); this numbers every epoch out of the run's
+    `total_steps` / `steps_per_epoch`, so an epoch split by the sequence-length warmup's switch
+    shows twice under the same number. The time left is the steps left at the pace this process has
+    kept, evaluations included: after the first epoch, the pace since that epoch ended, so that
+    the compilation of the first steps weighs no more than once.
+    """
+    import tf_keras
+
+    epochs = math.ceil(total_steps / steps_per_epoch)
+
+    class RunProgress(tf_keras.callbacks.ProgbarLogger):
+        def __init__(self):
+            super().__init__(count_mode="steps")
+            # (time, optimizer step) the pace is measured from: this process's first fit(), then
+            # the end of its first epoch
+            self.pace_from = None
+            self.epochs_ended = 0
+
+        def set_params(self, params):
+            super().set_params(params)
+            self.epochs = epochs  # the run's epochs, not this fit() call's
+
+        def step(self):
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            if self.pace_from is None:
+                self.pace_from = (time.perf_counter(), self.step())
+
+        def on_epoch_end(self, epoch, logs=None):
+            super().on_epoch_end(epoch, logs)
+            now, step = time.perf_counter(), self.step()
+            start_time, start_step = self.pace_from
+            seconds_per_step = (now - start_time) / max(step - start_step, 1)
+            if self.verbose:
+                print(steps_left_line(step, total_steps, seconds_per_step), flush=True)
+            self.epochs_ended += 1
+            if self.epochs_ended == 1:
+                self.pace_from = (now, step)
+
+    return RunProgress()
+
+
+def steps_left_line(step, total_steps, seconds_per_step):
+    """'step 1,200/2,000, 800 to go, about 1.4 minutes left': the run's progress after an epoch."""
+    done, left = f"step {step:,}/{total_steps:,}", total_steps - step
+    if left <= 0:
+        return f"{done}, none to go"
+    return f"{done}, {left:,} to go, about {duration(left * seconds_per_step)} left"
+
+
+def duration(seconds):
+    """'40 seconds', '1.4 minutes', '2.3 hours': a time as a person would say it."""
+    if seconds < 60:
+        return f"{seconds:.0f} seconds"
+    if seconds < 60 * 60:
+        return f"{seconds / 60:.1f} minutes"
+    return f"{seconds / 3600:.1f} hours"
 
 
 def training_log_path(output_dir):

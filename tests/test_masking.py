@@ -156,9 +156,17 @@ def dataset_options(tokenizer, **overrides):
     """build_dataset's named values as main() passes them for run_mlm.py's default flags, with a
     shuffle buffer of 1 unless overridden."""
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
-    flags = run_mlm.flag_values(run_mlm.parse_args(argv), run_mlm.DATA_FLAGS)
-    flags.update({"shuffle_buffer_size": 1, **overrides})
-    return dict(tokenizer=tokenizer, max_length=MAX_LENGTH, **flags)
+    args = run_mlm.parse_args(argv)
+    options = dict(
+        tokenizer=tokenizer,
+        max_length=MAX_LENGTH,
+        mlm_probability=args.mlm_probability,
+        train_mlm_probability=args.train_mlm_probability,
+        whole_word_masking=args.whole_word_masking,
+        shuffle_buffer_size=1,
+        seed=args.seed,
+    )
+    return {**options, **overrides}
 
 
 def originals(masked, labels):

@@ -20,7 +20,7 @@ from test_masking import (
 from test_resume import latest_checkpoint_step, load_weights, training_args
 
 import run_mlm
-from mlm_pipeline import contract, segments, whole_words
+from mlm_pipeline import contract, segments, training_logs, whole_words
 
 NO_DROPOUT = ",hidden_dropout_prob=0,attention_probs_dropout_prob=0"
 
@@ -294,6 +294,64 @@ def test_warmup_evaluates_at_full_length_at_the_switch_and_the_end(uninterrupted
     assert len({row.split(",")[0] for row in log[1:]}) == len(log) - 1  # each epoch once in the CSV
 
 
+def test_a_warmup_run_prints_one_epoch_sequence_and_the_steps_left(
+    shards_dir, tokenizer_dir, read_manifest, tmp_path, capsys
+):
+    """fit() is called once per side of the warmup's switch and per partial epoch, yet the epochs
+    are numbered as one run with one total (the epoch the switch splits shows twice), and each
+    epoch ends with the steps left and an estimate of their time."""
+    batch_size = 16
+    per_epoch = read_manifest(shards_dir / "train")["records"] // batch_size
+    total = 2 * per_epoch + per_epoch // 2  # 3 epochs, the last one part-way
+    switch = total // 2  # --short_sequence_ratio 0.5: inside the second epoch
+    assert per_epoch < switch < 2 * per_epoch
+    argv = warmup_args(
+        shards_dir,
+        tokenizer_dir,
+        tmp_path,
+        total,
+        "--per_replica_batch_size",
+        batch_size,
+        "--save_steps",
+        0,
+        "--no_pytorch_export",
+    )
+    run_mlm.main(run_mlm.parse_args(argv))
+    printed = capsys.readouterr().out
+
+    assert re.findall(r"^Epoch \d+/\d+$", printed, re.M) == [
+        "Epoch 1/3",
+        "Epoch 2/3",
+        "Epoch 2/3",
+        "Epoch 3/3",
+    ], printed[-3000:]
+    epoch_ends = [per_epoch, switch, 2 * per_epoch, total]
+    progress = re.findall(r"^step (\d+)/(\d+), (.*)$", printed, re.M)
+    assert [(int(step), int(of)) for step, of, _ in progress] == [
+        (end, total) for end in epoch_ends
+    ]
+    for (step, _, rest), end in zip(progress, epoch_ends):
+        left = total - end
+        expected = (
+            rf"{left} to go, about \d+(\.\d)? (seconds|minutes|hours) left"
+            if left
+            else "none to go"
+        )
+        assert re.fullmatch(expected, rest), rest
+
+
+def test_steps_left_line_estimates_from_the_pace_given():
+    assert (
+        training_logs.steps_left_line(1200, 2000, seconds_per_step=0.105)
+        == "step 1,200/2,000, 800 to go, about 1.4 minutes left"
+    )
+    assert (
+        training_logs.steps_left_line(10, 40, 1.5) == "step 10/40, 30 to go, about 45 seconds left"
+    )
+    assert training_logs.steps_left_line(0, 100_000, 0.36).endswith("about 10.0 hours left")
+    assert training_logs.steps_left_line(40, 40, 1.5) == "step 40/40, none to go"
+
+
 def test_warmup_and_accumulation_on_two_cpu_replicas(
     run_script, shards_dir, tokenizer_dir, tmp_path
 ):
@@ -390,11 +448,8 @@ def initial_weights(shards_dir, tokenizer_dir):
     tokenizer = contract.load_tokenizer(str(tokenizer_dir), "--tokenizer", require_mlm_tokens=True)
     args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
     tf_keras.utils.set_random_seed(0)
-    masked_lm = TFAutoModelForMaskedLM.from_config(
-        run_mlm.build_config(
-            tokenizer, MAX_LENGTH, **run_mlm.flag_values(args, run_mlm.CONFIG_FLAGS)
-        )
-    )
+    config = run_mlm.build_config(tokenizer, MAX_LENGTH, config_overrides=args.config_overrides)
+    masked_lm = TFAutoModelForMaskedLM.from_config(config)
     masked_lm(masked_lm.dummy_inputs)
     return [weight.numpy() for weight in masked_lm.weights]
 
@@ -445,19 +500,16 @@ def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(
             f"--short_sequence_length {MAX_LENGTH} must divide",
         ),
         (
-            ["--short_sequence_length", 8, "--short_sequence_ratio", 1.0],
-            "--short_sequence_ratio 1.0",
-        ),
-        (
             ["--gradient_accumulation_steps", 3],
             "--gradient_accumulation_steps 3 must divide --per_replica_batch_size",
         ),
-        (["--adam_beta2", 1.0], "--adam_beta2 1.0"),
-        (["--adam_epsilon", 0], "--adam_epsilon 0"),
-        (["--max_grad_norm", -1], "--max_grad_norm"),
+        (
+            ["--warmup_ratio", 0.5, "--decay_ratio", 0.6],
+            "--decay_ratio 0.6 must lie in (0, 1 - --warmup_ratio] with --warmup_ratio 0.5",
+        ),
     ],
 )
-def test_recipe_flags_out_of_range_are_refused_in_one_line(
+def test_recipe_flags_that_cannot_go_together_are_refused_in_one_line(
     flags, needle, shards_dir, tokenizer_dir, tmp_path
 ):
     output_dir = tmp_path / "model"
@@ -467,6 +519,37 @@ def test_recipe_flags_out_of_range_are_refused_in_one_line(
         )
     assert "\n" not in str(refusal.value)
     assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (
+            ["--short_sequence_length", 8, "--short_sequence_ratio", 1.0],
+            "--short_sequence_ratio: 1.0 must lie strictly between 0 and 1",
+        ),
+        (["--adam_beta2", 1.0], "--adam_beta2: 1.0 must be 0 or more and below 1"),
+        (["--adam_beta1", -0.1], "--adam_beta1: -0.1 must be 0 or more and below 1"),
+        (["--adam_epsilon", 0], "--adam_epsilon: 0 must be a number above 0"),
+        (["--learning_rate", -1e-4], "--learning_rate: -0.0001 must be a number above 0"),
+        (["--max_grad_norm", -1], "--max_grad_norm: -1 must be 0 or a number above 0"),
+        (["--weight_decay_rate", -0.01], "--weight_decay_rate: -0.01 must be 0 or a number"),
+        (["--decay_ratio", 0], "--decay_ratio: 0 must be a number above 0"),
+        (["--warmup_ratio", "inf"], "--warmup_ratio: inf must be a finite number"),
+        (["--adam_epsilon", "tiny"], "--adam_epsilon: invalid float value: 'tiny'"),
+    ],
+)
+def test_a_recipe_flag_out_of_its_range_is_refused_where_it_is_declared(
+    flags, needle, shards_dir, tokenizer_dir, tmp_path, capsys
+):
+    """argparse refuses it with the type's one line (exit status 2), before any check or work."""
+    argv = training_args(shards_dir, tokenizer_dir, tmp_path / "model", *flags)
+    with pytest.raises(SystemExit) as refusal:
+        run_mlm.parse_args([str(word) for word in argv])
+    assert refusal.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"error: argument {needle}" in line, line
+    assert not (tmp_path / "model").exists()
 
 
 def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero():

@@ -1,3 +1,4 @@
+import argparse
 import json
 import math
 import re
@@ -9,7 +10,7 @@ from conftest import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, mlm_flags
 from refusals import RUN_MLM, case, refused, refused_command
 
 import run_mlm
-from mlm_pipeline import contract
+from mlm_pipeline import contract, errors
 
 BATCH_SIZE = 8
 MAX_STEPS = 5
@@ -204,6 +205,12 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
     ]
     assert f"Finished: {total:,} steps" in printed
     assert (tmp_path / "tf_model.h5").is_file()
+    # One epoch count for the run, however many fit() calls it takes; Keras shows none for one.
+    epochs = len(epoch_ends)
+    numbered = [f"Epoch {epoch}/{epochs}" for epoch in range(1, epochs + 1)] if epochs > 1 else []
+    assert re.findall(r"^Epoch \d+/\d+$", printed, re.M) == numbered
+    steps_left = re.findall(r"^step ([\d,]+)/([\d,]+), ", printed, re.M)
+    assert steps_left == [(f"{end:,}", f"{total:,}") for end in epoch_ends]
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "bert"])
@@ -370,15 +377,11 @@ def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
     differently."""
     from transformers import AutoTokenizer
 
-    args = run_mlm.parse_args(
-        ["--train_dataset", "x", "--tokenizer", str(tokenizer_dir), "--output_dir", "x"]
-    )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    options = run_mlm.flag_values(args, run_mlm.CONFIG_FLAGS)
-    assert run_mlm.build_config(tokenizer, MAX_LENGTH, **options).pad_token_id == 1
+    assert run_mlm.build_config(tokenizer, MAX_LENGTH).pad_token_id == 1  # RoBERTa-base's config
     tokenizer.pad_token = "[SEP]"
     with pytest.raises(run_mlm.UsageError, match=r"pad token '\[SEP\]' has id 2.*fixed at 1"):
-        run_mlm.build_config(tokenizer, MAX_LENGTH, **options)
+        run_mlm.build_config(tokenizer, MAX_LENGTH)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -401,27 +404,50 @@ BAD_FLAGS_AND_FILES = [
     case(
         "run_mlm: --mlm_probability 1.5",
         RUN_MLM + " --mlm_probability 1.5",
-        "--mlm_probability 1.5",
+        "--mlm_probability: 1.5 must lie strictly between 0 and 1",
+        exit_code=2,
     ),
-    case("run_mlm: --mlm_probability 0", RUN_MLM + " --mlm_probability 0", "--mlm_probability 0"),
+    case(
+        "run_mlm: --mlm_probability 0",
+        RUN_MLM + " --mlm_probability 0",
+        "--mlm_probability: 0 must lie strictly between 0 and 1",
+        exit_code=2,
+    ),
     case(
         "run_mlm: --per_replica_batch_size -1",
         RUN_MLM + " --per_replica_batch_size -1",
         "--per_replica_batch_size: -1 must be a positive",
         exit_code=2,
     ),
-    case("run_mlm: --max_length -5", RUN_MLM + " --max_length -5", "--max_length -5"),
+    case(
+        "run_mlm: --max_length -5",
+        RUN_MLM + " --max_length -5",
+        "--max_length: -5 must be a positive",
+        exit_code=2,
+    ),
     case(
         "run_mlm: --max_steps 0",
         RUN_MLM + " --max_steps 0",
         "--max_steps: 0 must be a positive",
         exit_code=2,
     ),
-    case("run_mlm: --warmup_ratio 1", RUN_MLM + " --warmup_ratio 1", "--warmup_ratio 1"),
+    case(
+        "run_mlm: --warmup_ratio 1",
+        RUN_MLM + " --warmup_ratio 1",
+        "--warmup_ratio: 1 must be 0 or more and below 1",
+        exit_code=2,
+    ),
     case(
         "run_mlm: --train_mlm_probability 1",
         RUN_MLM + " --train_mlm_probability 1",
-        "--train_mlm_probability 1.0 must lie between 0 and 1",
+        "--train_mlm_probability: 1 must lie strictly between 0 and 1",
+        exit_code=2,
+    ),
+    case(
+        "run_mlm: --learning_rate nan",
+        RUN_MLM + " --learning_rate nan",
+        "--learning_rate: nan must be a finite number",
+        exit_code=2,
     ),
     case(
         "run_mlm: --decay_ratio past the warmup",
@@ -459,6 +485,32 @@ BAD_FLAGS_AND_FILES = [
 @pytest.mark.parametrize("command, needles, exit_code", BAD_FLAGS_AND_FILES)
 def test_bad_flag_or_file(run_script, bad_inputs, tmp_path, command, needles, exit_code):
     refused_command(run_script, bad_inputs, tmp_path, command, needles, exit_code)
+
+
+@pytest.mark.parametrize(
+    ("number_type", "accepted", "refused", "needle"),
+    [
+        (errors.probability, ["0.15", "1e-3", "0.999"], ["0", "1", "-0.5"], "strictly between"),
+        (errors.fraction_below_one, ["0", "0.5", "0.999"], ["1", "-0.1", "2"], "below 1"),
+        (errors.positive_float, ["1e-8", "3"], ["0", "-1e-8"], "above 0"),
+        (errors.non_negative_float, ["0", "1e-6", "5"], ["-1e-9", "-2"], "0 or a number above 0"),
+    ],
+)
+def test_number_types_accept_their_range_and_refuse_the_rest_in_one_line(
+    number_type, accepted, refused, needle
+):
+    for text in accepted:
+        assert number_type(text) == float(text)
+    for text in [*refused, "nan", "inf", "-inf"]:
+        with pytest.raises(argparse.ArgumentTypeError) as refusal:
+            number_type(text)
+        message = str(refusal.value)
+        assert message.startswith(f"{text} must ") and "\n" not in message
+        if text in refused:
+            assert needle in message, message
+    with pytest.raises(ValueError):  # argparse's own "invalid float value: 'ten'"
+        number_type("ten")
+    assert number_type.__name__ == "float"
 
 
 def mlm_args(train_dataset, tokenizer, output_dir, *extra):
