@@ -105,7 +105,8 @@ def parse_args(argv=None):
         "--mlm_probability",
         type=probability,
         default=0.15,
-        help="Share of each sequence's tokens masked (in training too, unless the next flag).",
+        help="Share of each sequence's tokens masked (in training too, unless "
+        "--train_mlm_probability).",
     )
     add(
         "--train_mlm_probability",
@@ -158,7 +159,7 @@ def parse_args(argv=None):
         "--per_replica_batch_size",
         type=positive_int,
         default=8,
-        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes a step.",
+        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
     )
     add(
         "--num_epochs",
@@ -194,7 +195,7 @@ def parse_args(argv=None):
         "--max_grad_norm",
         type=non_negative_float,
         default=0.0,
-        help="Clip the gradients of all replicas together to this global norm; 0 leaves them.",
+        help="Clip the gradients of all replicas together to this global norm; 0: no clipping.",
     )
     add(
         "--adam_beta1",
