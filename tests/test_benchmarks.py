@@ -30,7 +30,7 @@ SCRIPTS = sorted(
 FIGURE = re.compile(r"\**[\d,]*\.?\d+(e[-+]?\d+)?(%|x| M)?\**")
 
 
-def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path):
+def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained, tmp_path):
     """{script: (its flags at its smallest setting, check(stdout) that asserts what it printed)}."""
     train, validation = shards_dir / "train", shards_dir / "validation"
     beam = importlib.util.find_spec("apache_beam") is not None
@@ -72,7 +72,18 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path):
         assert "Tokens seen when accuracy at [MASK] first reached 0.10: " in output
         assert [point["step"] for point in json.loads(curve.read_text())["points"]] == [2, 4]
 
+    def downstream(output):
+        assert_row(output, "(a) bag of words, logistic regression", figures=5)
+        assert_row(output, "(b) tiny config from random weights (--from_scratch)", figures=5)
+        assert_row(output, "(c) the quickstart's model", figures=5)
+
     return {
+        "downstream.py": (
+            ["--train_file", pretrained["train"], "--validation_file", pretrained["validation"]]
+            + ["--quickstart_model", pretrained["model"], "--seeds", 0, "--bow_epochs", 1]
+            + ["--", "--limit", 32, "--num_epochs", 1],
+            downstream,
+        ),
         "tokenizer_efficiency.py": (
             ["--train_file", corpus["train"], "--validation_file", corpus["validation"]]
             + ["--vocab_size", 400],
@@ -115,9 +126,31 @@ def assert_row(output, first_cell, figures):
     raise AssertionError(f"no table row {first_cell!r} in:\n{output}")
 
 
+@pytest.fixture(scope="module")
+def pretrained(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path_factory):
+    """What benchmarks/downstream.py needs: a tiny masked LM from run_mlm.py (a few steps on the
+    session's shards) and a labelled train and validation split in SST-2's layout (sentence, label;
+    the label says whether the line holds "the": its accuracy is not what is tested)."""
+    import run_mlm
+
+    folder = tmp_path_factory.mktemp("downstream")
+    flags = ["--no_tpu", "--train_dataset", shards_dir / "train", "--tokenizer", tokenizer_dir]
+    flags += ["--output_dir", folder / "model", "--config_overrides", tiny_model]
+    flags += ["--max_steps", 2, "--no_pytorch_export"]
+    run_mlm.main(run_mlm.parse_args([str(flag) for flag in flags]))
+    labelled = {"model": folder / "model"}
+    for split in ("train", "validation"):
+        text = corpus[split].read_text(encoding="utf-8")
+        lines = [line for line in text.splitlines() if line.strip()]
+        rows = [f"{line}\t{int('the' in line.lower().split())}\n" for line in lines]
+        labelled[split] = folder / f"{split}.tsv"
+        labelled[split].write_text("sentence\tlabel\n" + "".join(rows), encoding="utf-8")
+    return labelled
+
+
 @pytest.fixture
-def settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path):
-    return smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, tmp_path)
+def settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained, tmp_path):
+    return smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained, tmp_path)
 
 
 def test_benchmarks_are_found():
