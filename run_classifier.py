@@ -1,0 +1,377 @@
+#!/usr/bin/env python
+"""Step 4: fine-tune the pretrained model on a text classification task and score it: did the
+pretraining pay off?
+
+Loads a run_mlm.py output folder (local, gs://, or a Hub id) as a transformers TF sequence
+classifier, its encoder pretrained and a new classification head on top, and fine-tunes it with
+Keras fit on a Hub dataset (GLUE's SST-2 by default) or local .tsv/.csv/.jsonl files. Every
+example is cut or padded to one length, so the train step compiles once (XLA, TPUs). The saved
+folder loads with `pipeline("text-classification", model=output_dir)`; eval_results.json holds the
+validation scores, README.md the model card.
+
+    # SST-2 from the Hub on a CPU or GPUs, with the model the quickstart pretrained
+    python run_classifier.py --no_tpu --model_name_or_path quickstart_output/model \
+        --output_dir sst2-classifier
+
+    # the same architecture from random weights: what the pretraining added
+    python run_classifier.py --no_tpu --model_name_or_path quickstart_output/model \
+        --output_dir sst2-from-scratch --from_scratch
+
+    # a pair task from local files, on a TPU VM
+    python run_classifier.py --model_name_or_path gs://my-bucket/roberta-base \
+        --train_file mrpc/train.tsv --validation_file mrpc/dev.tsv --text_column sentence1 \
+        --text_pair_column sentence2 --output_dir gs://my-bucket/roberta-base-mrpc
+
+The plumbing (reading and checking the data, the model folder, the card, the Hub) is in
+mlm_pipeline/.
+"""
+
+import argparse
+import sys
+import time
+
+from mlm_pipeline import (
+    classifier_folder,
+    hosts,
+    hub,
+    labelled_data,
+    model_folder,
+    output_folder,
+    storage,
+    tf_startup,
+)
+from mlm_pipeline.errors import (
+    OneLineErrorParser,
+    UsageError,
+    exit_on_usage_error,
+    fraction_below_one,
+    positive_float,
+    positive_int,
+)
+from mlm_pipeline.pretrained_model import PretrainedModel, load_weights
+
+# Most SST-2 sentences fit in 64 tokens of a small Unigram vocabulary; every token more costs time
+# on each step of the run, since every example is padded to the same length.
+DEFAULT_MAX_LENGTH = 64
+
+
+def parse_args(argv=None):
+    parser = OneLineErrorParser(
+        description="Fine-tune a pretrained masked language model on a text classification task.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument_group("model").add_argument
+    add(
+        "--model_name_or_path",
+        required=True,
+        help="the run_mlm.py output folder (local or gs://) or Hub id to start from",
+    )
+    add(
+        "--from_scratch",
+        action="store_true",
+        help="train the same architecture from random weights instead (the baseline that shows "
+        "what pretraining adds)",
+    )
+    add = parser.add_argument_group("data").add_argument
+    add(
+        "--dataset_name",
+        default="nyu-mll/glue",
+        help="the Hub dataset to read its train and validation splits from (GLUE by default)",
+    )
+    add("--dataset_config", default="sst2", help="the dataset's configuration, i.e. its task")
+    add(
+        "--train_file",
+        help="a local .tsv, .csv or .jsonl file of training examples, with a header; instead of "
+        "--dataset_name",
+    )
+    add("--validation_file", help="the local file of validation examples, with --train_file")
+    add("--text_column", default="sentence", help="the column that holds the text")
+    add(
+        "--text_pair_column",
+        help="the column that holds the second text of pair tasks (MRPC, RTE: sentence2)",
+    )
+    add("--label_column", default="label", help="the column of integer labels 0..n-1")
+    add("--limit", type=positive_int, help="train on the first N training examples only")
+    add(
+        "--max_length",
+        type=positive_int,
+        help=f"tokens every example is cut or padded to (default: {DEFAULT_MAX_LENGTH}, or the "
+        "length the model was pretrained on when shorter)",
+    )
+    add = parser.add_argument_group("training").add_argument
+    add("--output_dir", required=True, help="where the classifier is saved (local or gs://)")
+    add(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="replace a classifier already saved there",
+    )
+    add(
+        "--per_replica_batch_size",
+        type=positive_int,
+        default=32,
+        help="examples each replica takes a step",
+    )
+    add("--num_epochs", type=positive_int, default=2, help="passes over the training examples")
+    add("--learning_rate", type=positive_float, default=1e-4, help="the peak learning rate")
+    add(
+        "--warmup_ratio",
+        type=fraction_below_one,
+        default=0.1,
+        help="the share of the steps over which the learning rate rises to its peak (it then "
+        "falls linearly to 0)",
+    )
+    add("--seed", type=int, default=42, help="seed of the new head's weights and the shuffling")
+    add("--hub_model_id", help="also push the classifier to this Hub repository (namespace/name)")
+    add("--hub_private", action="store_true", help="create the --hub_model_id repository private")
+    add = parser.add_argument_group("hardware").add_argument
+    add("--tpu_name", default="local", help="the TPU's name; 'local' on a TPU VM")
+    add("--tpu_zone", help="the zone of a TPU node, when not on a TPU VM")
+    add("--gcp_project", help="the GCP project of a TPU node, when not on a TPU VM")
+    add("--no_tpu", action="store_true", help="train on the GPUs, or the CPU when there are none")
+    return parser.parse_args(argv)
+
+
+def check_args(args):
+    """Flags that cannot work together and unusable output paths: one line each, before any work."""
+    if bool(args.train_file) != bool(args.validation_file):
+        given = "--train_file" if args.train_file else "--validation_file"
+        raise UsageError(
+            f"{given} needs its partner: pass both --train_file and --validation_file (the score "
+            "is measured on the validation file), or neither to read --dataset_name."
+        )
+    hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-sst2")
+    paths = {"--model_name_or_path": args.model_name_or_path, "--output_dir": args.output_dir}
+    storage.check_gcs_paths(paths, writable=["--output_dir"])
+    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
+        output_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
+
+
+def build_strategy(args):
+    """TPUStrategy unless --no_tpu; without a TPU, mirrored over the GPUs, or the default strategy
+    on the CPU (hosts.py). TF's start-up log is shown only if this fails."""
+    import tensorflow as tf
+
+    with tf_startup.tensorflow_startup_log_held_back():
+        if args.no_tpu:
+            return hosts.strategy_without_tpu()
+        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
+        return tf.distribute.TPUStrategy(resolver)
+
+
+def encode(tokenizer, split, max_length, with_token_types):
+    """The split's texts (and pairs) as token ids, each example cut to `max_length` tokens and
+    padded to it. Token type ids only for models that have more than one type (BERT): RoBERTa's
+    single type would be out of range for the second text of a pair."""
+    encoded = tokenizer(
+        split.texts,
+        split.pairs,
+        max_length=max_length,
+        truncation=True,
+        padding="max_length",
+        return_tensors="np",
+    )
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if with_token_types else [])
+    return {name: encoded[name] for name in names}
+
+
+def build_dataset(features, labels, batch_size, training, seed):
+    """Batches of (features, labels) with one static shape. Training: shuffled anew every epoch,
+    whole batches only. Evaluation: every example once, in order; the last batch is filled up with
+    copies of the last example, each of weight 0, so it counts nothing but keeps the shape."""
+    import numpy as np
+    import tensorflow as tf
+
+    labels = np.asarray(labels, dtype=np.int32)
+    if training:
+        dataset = tf.data.Dataset.from_tensor_slices((features, labels))
+        dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
+    else:
+        filler = -len(labels) % batch_size
+        weights = np.concatenate([np.ones(len(labels)), np.zeros(filler)]).astype(np.float32)
+        features, labels = (
+            {
+                name: np.pad(ids, [(0, filler), (0, 0)], mode="edge")
+                for name, ids in features.items()
+            },
+            np.pad(labels, [(0, filler)], mode="edge"),
+        )
+        dataset = tf.data.Dataset.from_tensor_slices((features, labels, weights))
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def build_classifier(
+    pretrained, strategy, label_names, total_steps, *, from_scratch, learning_rate, warmup_ratio
+):
+    """The pretrained encoder with a new classification head (or the same architecture from random
+    weights), and AdamW, made in the strategy's scope, compiled with the cross-entropy of the
+    head's logits."""
+    import tf_keras
+    from transformers import TFAutoModelForSequenceClassification, create_optimizer
+
+    tf_startup.hide_transformers_tf_deprecation()
+    config = pretrained.config
+    config.num_labels = len(label_names)  # also resets id2label, so that comes after
+    config.id2label = dict(enumerate(label_names))
+    config.label2id = {label: index for index, label in enumerate(label_names)}
+    config.problem_type = "single_label_classification"
+    with strategy.scope():
+        if from_scratch:
+            classifier = TFAutoModelForSequenceClassification.from_config(config)
+        else:
+            classifier = load_weights(TFAutoModelForSequenceClassification, pretrained, config)
+        classifier(classifier.dummy_inputs)  # build the weights inside the strategy's scope
+        # BERT's fine-tuning schedule: linear warmup, then linear decay to 0; no weight decay on
+        # biases and layer norms.
+        optimizer, _ = create_optimizer(
+            learning_rate,
+            total_steps,
+            int(warmup_ratio * total_steps),
+            weight_decay_rate=0.01,
+        )
+        classifier.compile(
+            optimizer,
+            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            weighted_metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        )
+    return classifier
+
+
+def evaluate(classifier, dataset, validation, label_count, pair_task):
+    """{"accuracy": ...} on the validation examples (the filler of the last batch left out), and
+    "f1" of label 1 for two-class pair tasks, as GLUE reports MRPC and QQP."""
+    import numpy as np
+
+    logits = classifier.predict(dataset, verbose=0)["logits"][: len(validation)]
+    predicted, labels = np.argmax(logits, axis=-1), np.asarray(validation.labels)
+    scores = {"accuracy": float(np.mean(predicted == labels))}
+    if pair_task and label_count == 2:
+        true_positives = float(np.sum((predicted == 1) & (labels == 1)))
+        predicted_or_true = float(np.sum(predicted == 1) + np.sum(labels == 1))
+        scores["f1"] = 2 * true_positives / predicted_or_true if predicted_or_true else 0.0
+    return scores
+
+
+def save_classifier(folder, classifier, tokenizer, max_length, card_text, scores):
+    """config.json, tf_model.h5, the tokenizer (its model_max_length the training length), the card
+    and eval_results.json."""
+    classifier.save_pretrained(folder)
+    tokenizer.model_max_length = max_length
+    tokenizer.save_pretrained(folder)
+    classifier_folder.write_card_and_scores(folder, card_text, scores)
+
+
+def main(args):
+    """Fine-tune, evaluate and save as the flags say; returns the validation scores."""
+    check_args(args)  # a bad flag or output folder is one line, before any work
+    repo_id = None
+    if args.hub_model_id:  # an unusable Hub stops the run now, not after training
+        repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--hub_model_id")
+    strategy = build_strategy(args)
+    import tf_keras
+
+    # The pretrained folder: its config and tokenizer (the weights load with the model, below).
+    pretrained = PretrainedModel(args.model_name_or_path, weights=not args.from_scratch)
+    max_length = pretrained.check_max_length(args.max_length, DEFAULT_MAX_LENGTH)
+
+    tf_keras.utils.set_random_seed(args.seed)  # the shuffling, the new head's weights, dropout
+
+    # The data: texts and labels, checked; token ids of one length; batches of one shape.
+    train, validation, label_names = labelled_data.load_labelled_splits(
+        dataset_name=args.dataset_name,
+        dataset_config=args.dataset_config,
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        text_column=args.text_column,
+        text_pair_column=args.text_pair_column,
+        label_column=args.label_column,
+        limit=args.limit,
+    )
+    global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
+    steps_per_epoch = len(train) // global_batch_size
+    if steps_per_epoch == 0:
+        raise UsageError(
+            f"the batch of {global_batch_size} examples is larger than the {len(train)} training "
+            "examples; lower --per_replica_batch_size or add data."
+        )
+    with_token_types = pretrained.config.type_vocab_size > 1
+    train_features = encode(pretrained.tokenizer, train, max_length, with_token_types)
+    eval_features = encode(pretrained.tokenizer, validation, max_length, with_token_types)
+    train_dataset = build_dataset(
+        train_features, train.labels, global_batch_size, training=True, seed=args.seed
+    )
+    eval_dataset = build_dataset(
+        eval_features, validation.labels, global_batch_size, training=False, seed=args.seed
+    )
+
+    # The model: the pretrained encoder and a new head, AdamW over every step of the run.
+    total_steps = args.num_epochs * steps_per_epoch
+    classifier = build_classifier(
+        pretrained,
+        strategy,
+        label_names,
+        total_steps,
+        from_scratch=args.from_scratch,
+        learning_rate=args.learning_rate,
+        warmup_ratio=args.warmup_ratio,
+    )
+    start = "random weights" if args.from_scratch else f"the pretrained {args.model_name_or_path}"
+    print(
+        f"Fine-tuning {type(classifier).__name__} ({classifier.count_params():,} parameters) from "
+        f"{start} on {len(train):,} examples, {len(label_names)} labels: {args.num_epochs} epochs "
+        f"of {steps_per_epoch:,} steps, batches of {global_batch_size} x {max_length} tokens."
+    )
+
+    # Fit, scored on the validation split after every epoch; then the final scores.
+    started = time.perf_counter()
+    classifier.fit(
+        train_dataset,
+        epochs=args.num_epochs,
+        validation_data=eval_dataset,
+        verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, a line in a log
+    )
+    minutes = (time.perf_counter() - started) / 60
+    scores = evaluate(
+        classifier, eval_dataset, validation, len(label_names), args.text_pair_column is not None
+    )
+    most_frequent = max(range(len(label_names)), key=train.labels.count)
+    majority = validation.majority_share(most_frequent)
+    print(
+        f"Validation: {', '.join(f'{name} {value:.4f}' for name, value in scores.items())} on "
+        f"{len(validation):,} examples (the most frequent label everywhere: {majority:.4f}), "
+        f"after {minutes:.1f} minutes of fine-tuning."
+    )
+
+    # Save: staged, then published with config.json last, so no half-written folder looks done.
+    card_text = classifier_folder.classifier_card(
+        classifier,
+        name=args.hub_model_id or args.output_dir.rstrip("/").rsplit("/", 1)[-1],
+        pretrained=args.model_name_or_path,
+        from_scratch=args.from_scratch,
+        dataset=None if args.train_file else (args.dataset_name, args.dataset_config),
+        train=train,
+        validation=validation,
+        label_names=label_names,
+        scores=scores,
+        majority=majority,
+        settings=dict(
+            max_length=max_length,
+            global_batch_size=global_batch_size,
+            num_epochs=args.num_epochs,
+            steps=total_steps,
+            learning_rate=args.learning_rate,
+            warmup_ratio=args.warmup_ratio,
+            seed=args.seed,
+            minutes=minutes,
+        ),
+    )
+    classifier_folder.stop_looking_finished(args.output_dir)  # a replaced classifier's config.json
+    with model_folder.staging(args.output_dir) as folder:
+        save_classifier(folder, classifier, pretrained.tokenizer, max_length, card_text, scores)
+    print(f"Saved the classifier, its tokenizer, card and eval_results.json to {args.output_dir}.")
+    if repo_id is not None:
+        classifier_folder.push_to_hub(repo_id, args.output_dir, card_text, scores)
+    return scores
+
+
+if __name__ == "__main__":
+    exit_on_usage_error(main, parse_args(), "run_classifier.py")

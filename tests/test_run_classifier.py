@@ -1,0 +1,399 @@
+"""Step 4, run_classifier.py, through the whole chain: the session's tokenizer and shards, a tiny
+masked LM pretrained by run_mlm.py, then the classifier fine-tuned from it on a two-class set this
+module writes, whose words carry the label. It must beat the majority class, save a folder that
+pipeline("text-classification") loads, read a Hub dataset (a local folder laid out as GLUE is on
+the Hub stands in for it), push to a Hub (a fake one on a loopback port), and refuse bad input in
+one line without writing anything.
+"""
+
+import csv
+import json
+import random
+import shutil
+
+import pytest
+from conftest import make_corpus_lines, tiny_run_flags
+from fake_hub import FakeHub, connect_this_process, disconnect_this_process
+
+import run_classifier
+import run_mlm
+from mlm_pipeline import contract
+from mlm_pipeline.errors import UsageError
+
+POSITIVE = ("bright", "famous", "quiet", "green", "young")
+NEGATIVE = ("dark", "heavy", "narrow", "ancient", "old")
+POSITIVE_SHARE = 0.6  # the majority class: 0.6 of the examples, which the classifier must beat
+TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
+
+
+def labelled_rows(count, seed):
+    """`count` (sentence, label) pairs: a line of the test corpus without any of the label words,
+    with one positive word (label 1) or one negative word (label 0) put in at random."""
+    rng = random.Random(seed)
+    lines = [line for line in make_corpus_lines(2 * count, seed) if line.strip()]
+    rows = []
+    for line in lines[:count]:
+        label = int(rng.random() < POSITIVE_SHARE)
+        words = [w for w in line.split() if w.strip(".!?;").lower() not in POSITIVE + NEGATIVE]
+        words = words[:10]
+        words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def write_tsv(path, rows, header=("sentence", "label")):
+    lines = ["\t".join(header)] + ["\t".join(str(value) for value in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """{"train": train.tsv, "validation": dev.tsv}, SST-2's layout (sentence, label)."""
+    folder = tmp_path_factory.mktemp("labelled")
+    return {
+        "train": write_tsv(folder / "train.tsv", labelled_rows(800, seed=0)),
+        "validation": write_tsv(folder / "dev.tsv", labelled_rows(100, seed=1)),
+    }
+
+
+@pytest.fixture(scope="module")
+def pretrained(shards_dir, tokenizer_dir, tmp_path_factory):
+    """A tiny masked LM pretrained by run_mlm.py on the session's shards (32 positions)."""
+    output_dir = tmp_path_factory.mktemp("pretrained") / "model"
+    flags = tiny_run_flags(
+        shards_dir,
+        tokenizer_dir,
+        output_dir,
+        max_steps=30,
+        per_replica_batch_size=16,
+        learning_rate=1e-3,
+        no_pytorch_export=True,
+    )
+    run_mlm.main(run_mlm.parse_args([str(flag) for flag in flags]))
+    return output_dir
+
+
+def classifier_flags(model, output_dir, *extra, **named):
+    """run_classifier.py's flags for a quick run on the CPU; `named` add to or replace them."""
+    named = {
+        "no_tpu": True,
+        "model_name_or_path": model,
+        "output_dir": output_dir,
+        "per_replica_batch_size": 16,
+        "num_epochs": 3,
+        "learning_rate": 3e-3,
+        **named,
+    }
+    words = []
+    for name, value in named.items():
+        if value is True:
+            words.append(f"--{name}")
+        elif value is not None and value is not False:
+            words += [f"--{name}", str(value)]
+    return [*words, *[str(word) for word in extra]]
+
+
+def run(*argv):
+    return run_classifier.main(run_classifier.parse_args([str(word) for word in argv]))
+
+
+def local_files(labelled):
+    return ["--train_file", labelled["train"], "--validation_file", labelled["validation"]]
+
+
+def pipeline_labels(output_dir, texts):
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(output_dir), framework="tf", dtype=None)
+    return [answer["label"] for answer in classify(texts)]
+
+
+def dev_rows(labelled):
+    lines = labelled["validation"].read_text(encoding="utf-8").splitlines()[1:]
+    return [(text, int(label)) for text, label in (line.split("\t") for line in lines)]
+
+
+def test_the_pretrained_chain_beats_the_majority_class(pretrained, labelled, tmp_path, capsys):
+    output_dir = tmp_path / "classifier"
+    scores = run(*classifier_flags(pretrained, output_dir), *local_files(labelled))
+    rows = dev_rows(labelled)
+    positive = sum(label for _, label in rows) / len(rows)
+    assert scores["accuracy"] > max(positive, 1 - positive) + 0.2, scores
+    assert set(scores) == {"accuracy"}  # F1 only for two-class pair tasks
+    saved = json.loads((output_dir / "eval_results.json").read_text())
+    assert saved == scores
+    assert {"config.json", "tf_model.h5", "tokenizer.json", "README.md"} <= {
+        path.name for path in output_dir.iterdir()
+    }
+    assert not [path for path in output_dir.iterdir() if path.name.startswith(".")]
+    card = (output_dir / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card
+    assert f"from the masked language model `{pretrained.name}`" in card
+    assert f"| accuracy | {scores['accuracy']:.4f} |" in card
+    assert str(tmp_path) not in card and str(pretrained.parent) not in card
+    out = capsys.readouterr().out
+    assert f"accuracy {scores['accuracy']:.4f} on 100 examples" in out
+
+    # The saved folder is a text-classification model as transformers' pipeline loads it: its
+    # answers agree with the scores the run reported.
+    labels = pipeline_labels(output_dir, [text for text, _ in rows])
+    assert set(labels) <= {"LABEL_0", "LABEL_1"}
+    right = sum(label == f"LABEL_{truth}" for label, (_, truth) in zip(labels, rows))
+    assert abs(right / len(rows) - scores["accuracy"]) <= 0.02
+
+
+def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled, tmp_path):
+    """--from_scratch takes the architecture alone: a folder without tf_model.h5 does; without the
+    flag, that folder is refused."""
+    architecture = tmp_path / "architecture"
+    shutil.copytree(pretrained, architecture, ignore=shutil.ignore_patterns("tf_model.h5"))
+    output_dir = tmp_path / "from_scratch"
+    with pytest.raises(UsageError, match="no TF weights"):
+        run(*classifier_flags(architecture, output_dir), *local_files(labelled))
+    assert not output_dir.exists()
+    flags = classifier_flags(architecture, output_dir, from_scratch=True)
+    scores = run(*flags, *local_files(labelled))
+    assert scores["accuracy"] > POSITIVE_SHARE + 0.1, scores
+    card = (output_dir / "README.md").read_text()
+    assert "from random weights (`--from_scratch`)" in card
+
+
+def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_path):
+    """--text_pair_column: the label word is in the second text. RoBERTa has one token type, so the
+    tokenizer's type ids for the second text (1) must be left out, or they would be out of range;
+    a two-class pair task also gets F1, as GLUE scores MRPC and QQP."""
+
+    def pairs(count, seed):
+        firsts = [line for line in make_corpus_lines(count + 50, seed + 10) if line.strip()]
+        return [
+            {"sentence1": first, "sentence2": text, "label": label}
+            for first, (text, label) in zip(firsts, labelled_rows(count, seed))
+        ]
+
+    train = tmp_path / "train.csv"
+    with train.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=["sentence1", "sentence2", "label"])
+        writer.writeheader()
+        writer.writerows(pairs(800, seed=0))
+    validation = tmp_path / "dev.jsonl"
+    validation.write_text("".join(json.dumps(row) + "\n" for row in pairs(100, seed=1)))
+    output_dir = tmp_path / "classifier"
+    flags = classifier_flags(pretrained, output_dir, text_column="sentence1")
+    scores = run(
+        *flags,
+        "--text_pair_column",
+        "sentence2",
+        "--train_file",
+        train,
+        "--validation_file",
+        validation,
+    )
+    assert set(scores) == {"accuracy", "f1"}
+    assert scores["accuracy"] > POSITIVE_SHARE + 0.2 and scores["f1"] > 0.8, scores
+    assert json.loads((output_dir / "eval_results.json").read_text()) == scores
+
+
+GLUE_CARD = """---
+configs:
+- config_name: {config}
+  data_files:
+{files}
+dataset_info:
+  config_name: {config}
+  features:
+  - name: sentence
+    dtype: string
+  - name: label
+    dtype:
+      class_label:
+        names:
+          '0': negative
+          '1': positive
+  - name: idx
+    dtype: int32
+---
+"""
+
+
+def write_glue_layout(folder, config, splits):
+    """A dataset repository laid out as GLUE's is on the Hub (nyu-mll/glue): a README.md whose
+    metadata names each config's files and features (the label a ClassLabel), and one parquet file
+    a split under <config>/. datasets loads such a local folder through the same code as a Hub
+    id."""
+    import datasets
+
+    (folder / config).mkdir(parents=True)
+    for split, rows in splits.items():
+        records = {
+            "sentence": [text for text, _ in rows],
+            "label": [label for _, label in rows],
+            "idx": list(range(len(rows))),
+        }
+        datasets.Dataset.from_dict(records).to_parquet(
+            str(folder / config / f"{split}-00000-of-00001.parquet")
+        )
+    files = "".join(f"  - split: {split}\n    path: {config}/{split}-*\n" for split in splits)
+    (folder / "README.md").write_text(GLUE_CARD.format(config=config, files=files.rstrip("\n")))
+    return folder
+
+
+def test_a_hub_dataset_in_and_the_classifier_out_to_the_hub(
+    pretrained, datasets_cache, monkeypatch, tmp_path
+):
+    """GLUE's layout (train, validation, and a test split whose labels are hidden as -1, never
+    read): the label names come from its ClassLabel; --hub_model_id pushes the saved folder and
+    its card in one commit."""
+    train, validation = labelled_rows(800, seed=0), labelled_rows(100, seed=1)
+    hidden = [(text, -1) for text, _ in labelled_rows(20, seed=2)]
+    dataset = write_glue_layout(
+        tmp_path / "glue", "sst2", {"train": train, "validation": validation, "test": hidden}
+    )
+    output_dir = tmp_path / "classifier"
+    with FakeHub(TOKEN) as hub:
+        connect_this_process(monkeypatch, hub)
+        try:
+            flags = classifier_flags(pretrained, output_dir, hub_model_id="tester/sst2")
+            scores = run(*flags, "--dataset_name", dataset, "--dataset_config", "sst2")
+        finally:
+            disconnect_this_process()
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert scores["accuracy"] > POSITIVE_SHARE + 0.2, scores
+    (commit,) = hub.commits("tester/sst2")
+    saved = {path.name for path in output_dir.iterdir()}
+    assert set(commit.files) == saved
+    for name in saved - {"README.md"}:
+        assert commit.files[name] == (output_dir / name).read_bytes(), name
+    card = commit.files["README.md"].decode()
+    assert 'model="tester/sst2"' in card and "the dataset `glue` (config `sst2`)" in card
+    assert str(tmp_path) not in card
+    labels = pipeline_labels(output_dir, [text for text, _ in validation[:10]])
+    assert set(labels) <= {"negative", "positive"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: one line, before anything is written
+
+
+@pytest.fixture(scope="module")
+def bad_files(labelled, pretrained, tokenizer_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad_files")
+    rows = labelled_rows(60, seed=3)
+    mismatched = folder / "mismatched_model"
+    shutil.copytree(pretrained, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    config["vocab_size"] = 100  # the tokenizer has more: ids the embeddings lack
+    (mismatched / "config.json").write_text(json.dumps(config))
+    return {
+        **labelled,
+        "model": pretrained,
+        "tokenizer_only": tokenizer_dir,
+        "mismatched_model": mismatched,
+        "words_as_labels": write_tsv(
+            folder / "words.tsv", [(text, "pos" if label else "neg") for text, label in rows]
+        ),
+        "labels_1_and_2": write_tsv(folder / "one_two.tsv", [(t, 1 + label) for t, label in rows]),
+        "third_label": write_tsv(folder / "third.tsv", [(text, 2) for text, _ in rows[:5]]),
+        "header_only": write_tsv(folder / "header.tsv", []),
+        "one_label": write_tsv(folder / "one_label.tsv", [(text, 0) for text, _ in rows]),
+    }
+
+
+TRAIN = "--train_file {train} --validation_file {validation}"
+REFUSALS = {
+    "a_folder_with_no_model": (
+        "--model_name_or_path {tokenizer_only} " + TRAIN,
+        ["holds no config.json"],
+    ),
+    "a_tokenizer_the_model_does_not_match": (
+        "--model_name_or_path {mismatched_model} " + TRAIN,
+        ["tokens but the model's vocabulary (vocab_size in config.json) 100"],
+    ),
+    "a_text_column_that_does_not_exist": (
+        "--model_name_or_path {model} --text_column text " + TRAIN,
+        ["no column 'text' (--text_column)", "sentence, label"],
+    ),
+    "a_label_column_that_does_not_exist": (
+        "--model_name_or_path {model} --label_column polarity " + TRAIN,
+        ["no column 'polarity' (--label_column)"],
+    ),
+    "a_pair_column_that_does_not_exist": (
+        "--model_name_or_path {model} --text_pair_column sentence2 " + TRAIN,
+        ["no column 'sentence2' (--text_pair_column)"],
+    ),
+    "labels_that_are_words": (
+        "--model_name_or_path {model} --train_file {words_as_labels} "
+        "--validation_file {validation}",
+        ["words.tsv: the label of example 1", "not an integer"],
+    ),
+    "labels_not_numbered_from_0": (
+        "--model_name_or_path {model} --train_file {labels_1_and_2} --validation_file {validation}",
+        ["[1, 2]", "not the integers 0..n-1"],
+    ),
+    "a_validation_label_the_training_split_lacks": (
+        "--model_name_or_path {model} --train_file {train} --validation_file {third_label}",
+        ["label(s) [2]", "lacks"],
+    ),
+    "a_single_label": (
+        "--model_name_or_path {model} --train_file {one_label} --validation_file {validation}",
+        ["every example has label 0"],
+    ),
+    "max_length_beyond_the_positions": (
+        "--model_name_or_path {model} --max_length 4096 " + TRAIN,
+        ["--max_length 4096 is longer than the", "positions of the model"],
+    ),
+    "an_empty_training_split": (
+        "--model_name_or_path {model} --train_file {header_only} --validation_file {validation}",
+        ["holds no examples"],
+    ),
+    "an_empty_validation_split": (
+        "--model_name_or_path {model} --train_file {train} --validation_file {header_only}",
+        ["holds no examples"],
+    ),
+    "a_train_file_without_its_validation_file": (
+        "--model_name_or_path {model} --train_file {train}",
+        ["--train_file needs its partner"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_bad_input_is_one_line_and_writes_nothing(bad_files, tmp_path, case):
+    command, needles = REFUSALS[case]
+    output_dir = tmp_path / "classifier"
+    argv = [word.format(**bad_files) for word in command.split()]
+    with pytest.raises(UsageError) as refusal:
+        run("--no_tpu", "--output_dir", output_dir, *argv)
+    message = str(refusal.value)
+    assert "\n" not in message and len(message) < 600, message
+    for needle in needles:
+        assert needle in message, message
+    assert not output_dir.exists()
+
+
+def test_a_refusal_as_the_user_sees_it(run_script, bad_files, tmp_path):
+    """The same promise from the command line: exit 1, one line on stderr, no traceback."""
+    output_dir = tmp_path / "classifier"
+    result = run_script(
+        "run_classifier.py",
+        "--no_tpu",
+        "--model_name_or_path",
+        bad_files["tokenizer_only"],
+        "--output_dir",
+        output_dir,
+        *local_files(bad_files),
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("run_classifier.py: error: --model_name_or_path ")
+    assert not output_dir.exists()
+
+
+def test_a_saved_classifier_is_replaced_only_on_request(pretrained, labelled, tmp_path):
+    output_dir = tmp_path / "classifier"
+    output_dir.mkdir()
+    (output_dir / contract.FINISHED_RUN_MARKER).write_text("{}")
+    with pytest.raises(UsageError, match="--overwrite_output_dir"):
+        run(*classifier_flags(pretrained, output_dir), *local_files(labelled))
+    assert [path.name for path in output_dir.iterdir()] == [contract.FINISHED_RUN_MARKER]
