@@ -26,7 +26,7 @@ def parse_args(argv=None):
         description="Write a train/validation corpus from CPython's documentation."
     )
     parser.add_argument(
-        "--output_dir", required=True, help="Folder for train.txt and validation.txt."
+        "--output_dir", required=True, help="The folder to write train.txt and validation.txt into."
     )
     return parser.parse_args(argv)
 

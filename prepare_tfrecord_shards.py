@@ -23,11 +23,12 @@ padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES p
         --tokenizer_name_or_path gs://my-bucket/tokenizer --output_dir gs://my-bucket/shards \
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing
 
-Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord (one tf.train.Example per
-sequence, "input_ids": int64 x max_length), then manifest.json, written last: without it the split
-is unfinished, and the same command writes it again. Memory stays flat: --num_proc threads tokenize
-while the main thread packs and writes. A block's sequences depend on its rows alone, so the Beam
-pipeline (--runner) packs blocks on many workers at once and writes the same files, byte for byte.
+Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord, one tf.train.Example per
+sequence (`tf_example` below: "input_ids", int64 x max_length), then manifest.json, written last:
+without it the split is unfinished, and the same command writes it again. Memory stays flat:
+--num_proc threads tokenize while the main thread packs and writes. A block's sequences depend on
+its rows alone, so the Beam pipeline (--runner, after `pip install -r requirements-beam.txt`) packs
+blocks on many workers at once and writes the same files, byte for byte.
 
 Next step: run_mlm.py --train_dataset <output_dir>/train --eval_dataset <output_dir>/validation.
 """
@@ -39,7 +40,15 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 
-from mlm_pipeline import beam_pipeline, contract, corpus, packing, split_folder, split_manifest
+from mlm_pipeline import (
+    beam_launcher,
+    contract,
+    corpus,
+    packing,
+    split_folder,
+    split_manifest,
+    storage,
+)
 from mlm_pipeline.errors import (
     OneLineErrorParser,
     UsageError,
@@ -47,7 +56,6 @@ from mlm_pipeline.errors import (
     first_line,
     positive_int,
 )
-from mlm_pipeline.storage import check_gcs_paths, check_local_output_dir, is_remote
 from mlm_pipeline.tf_startup import tensorflow_startup_log_held_back
 
 PACKING = (
@@ -67,47 +75,59 @@ def parse_args(argv=None):
         "pipeline option (--direct_num_workers, --project, --region, --temp_location, "
         "--setup_file, ...).",
     )
-    data = parser.add_argument_group("data: local or gs:// files, or a Hub dataset (the default)")
-    add = data.add_argument
-    files = (
-        "a file or a glob over files (quoted), local or gs://: plain text (any extension), or local"
+    data = corpus.add_corpus_flags(parser, splits=contract.SPLITS)
+    data.add_argument(
+        "--split",
+        default="train",
+        help=f"Which split to write: one of {', '.join(contract.SPLITS)} (default: train).",
     )
-    add("--train_file", help=f"Train split: {files} .json/.jsonl, .csv, .parquet.")
-    add("--validation_file", help="Validation split, the same.")
-    add("--test_file", help="Test split, the same.")
-    splits = ", ".join(contract.SPLITS)
-    add("--split", default="train", help=f"Which split to write: one of {splits}.")
-    add("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
-    add("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
-    add("--text_column", default="text", help="Column that holds the text (default: text).")
-    add("--limit", type=positive_int, help="Use only the first LIMIT rows of the split.")
-    add(
-        "--streaming",
-        action="store_true",
-        help="Stream the Hub dataset as it is read, instead of downloading the whole split into "
-        "the datasets cache first: for corpora larger than the disk.",
-    )
-    add("--trust_remote_code", action="store_true", help="Allow code from Hub repositories.")
     add = parser.add_argument_group("tokenization").add_argument
     add(
-        "--tokenizer_name_or_path", required=True, help="Tokenizer folder (local, gs://) or Hub id."
+        "--tokenizer_name_or_path",
+        required=True,
+        help="The tokenizer: train_unigram.py's folder (local or gs://) or a Hub id.",
     )
-    add("--max_length", type=positive_int, default=128, help="Tokens per sequence (default: 128).")
-    add("--batch_size", type=positive_int, default=1000, help="Lines per batch (default: 1000).")
-    cores = f"Tokenizing threads (default: the {available_cores()} usable cores)."
-    add("--num_proc", type=positive_int, help=cores)
-    add = parser.add_argument_group("output").add_argument
-    add("--output_dir", required=True, help="Local folder or gs://bucket/prefix.")
     add(
-        "--shard_size", type=positive_int, default=10000, help="Sequences a shard (default: 10000)."
+        "--max_length",
+        type=positive_int,
+        default=128,
+        help="How many tokens each sequence holds (default: 128).",
     )
-    add("--overwrite_output_dir", action="store_true", help="Replace the split in --output_dir.")
+    add(
+        "--batch_size",
+        type=positive_int,
+        default=1000,
+        help="How many lines the tokenizer is handed at a time (default: 1000).",
+    )
+    add(
+        "--num_proc",
+        type=positive_int,
+        help=f"How many threads tokenize (default: the {available_cores()} cores this process may "
+        "use).",
+    )
+    add = parser.add_argument_group("output").add_argument
+    add(
+        "--output_dir",
+        required=True,
+        help="A local folder or gs://bucket/prefix; the split goes into its <split>/ folder.",
+    )
+    add(
+        "--shard_size",
+        type=positive_int,
+        default=10000,
+        help="How many sequences each shard file holds, at most (default: 10000).",
+    )
+    add(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Replace a finished split of the same name in --output_dir.",
+    )
     add(
         "--rows_per_block",
         type=positive_int,
         default=DEFAULT_ROWS_PER_BLOCK,
-        help="Input rows, blank ones included, packed together: each block drops its last partial "
-        "sequence, and blocks are what Beam's workers share out "
+        help="How many input rows, blank ones included, are packed together: each block drops its "
+        "last partial sequence, and blocks are what Beam's workers share out "
         f"(default: {DEFAULT_ROWS_PER_BLOCK}).",
     )
     add = parser.add_argument_group("Apache Beam: one split written by many workers").add_argument
@@ -115,7 +135,7 @@ def parse_args(argv=None):
         "--runner",
         help="Run the step as an Apache Beam pipeline on this runner: DirectRunner (this "
         "machine's cores), DataflowRunner, FlinkRunner, SparkRunner... The output is what a run "
-        "without it writes.",
+        "without it writes. Needs `pip install -r requirements-beam.txt`.",
     )
     args, beam_options = parser.parse_known_args(argv)
     if beam_options and not args.runner:
@@ -149,6 +169,7 @@ def check_args(args):
             f"{flag}."
         )
     if args.runner:
+        beam_launcher.require_beam()
         if pattern is None:
             raise UsageError(
                 "--runner reads files, local or gs://, not a Hub dataset "
@@ -160,15 +181,18 @@ def check_args(args):
                 f"--runner reads plain text (one document per line), but {flag} {pattern} is "
                 f"{corpus.local_format(pattern)}; convert it to text, or run without --runner."
             )
-        beam_pipeline.check_options(
-            args.beam_argv, args.tokenizer_name_or_path, args.output_dir, [(flag, pattern)]
+        beam_launcher.check_options(
+            args.beam_argv,
+            tokenizer=args.tokenizer_name_or_path,
+            output_dir=args.output_dir,
+            inputs=[(flag, pattern)],
         )
     # Cloud Storage next, in seconds (listing an unreachable bucket takes TF minutes of retries)
     paths = {"--output_dir": args.output_dir, flag: pattern}
     paths["--tokenizer_name_or_path"] = args.tokenizer_name_or_path
-    check_gcs_paths(paths, writable=["--output_dir"])
-    if not is_remote(args.output_dir):
-        check_local_output_dir(args.output_dir)
+    storage.check_gcs_paths(paths, writable=["--output_dir"])
+    if not storage.is_remote(args.output_dir):
+        storage.check_local_output_dir(args.output_dir)
     return corpus.input_files(pattern, flag) if pattern is not None else None
 
 
@@ -184,23 +208,18 @@ def describe_source(args):
 # Reading: the split's rows as a stream, in blocks
 
 
-class SplitTally:
-    """How many rows the split has (at most --limit, blank ones included), once read to its end."""
-
-    rows = 0
-
-    def counted(self, rows):
-        for row in rows:
-            self.rows += 1
-            yield row
-
-
 def file_rows(args, files):
     """The rows of each input file in turn (a Hub dataset: its split, one stream): plain text line
     by line, local tabular files streamed by datasets (so nothing goes to its cache)."""
     if files is None:
-        source = (args.dataset_name, args.dataset_config, args.trust_remote_code)
-        dataset = corpus.load_split(args.split, None, *source, streaming=args.streaming)
+        dataset = corpus.load_split(
+            args.split,
+            None,
+            args.dataset_name,
+            args.dataset_config,
+            trust_remote_code=args.trust_remote_code,
+            streaming=args.streaming,
+        )
         yield corpus.dataset_column(dataset, args.text_column, args.batch_size)
     for path in files or ():
         if corpus.local_format(path) == "text":
@@ -213,19 +232,20 @@ def file_rows(args, files):
 def split_blocks(args, files, tally):
     """(block index, the block's rows) for each block of --rows_per_block rows, in order: each file
     is cut into blocks of its own, numbered on from one file to the next, and --limit counts rows
-    across the files. mlm_pipeline/beam_pipeline.py numbers a Beam run's blocks the same way."""
+    across the files (`tally["rows"]`). mlm_pipeline/beam_pipeline.py numbers a Beam run's blocks
+    the same way."""
     blocks = itertools.count()
     for rows in file_rows(args, files):
         rows = corpus.reading_errors_as_usage_errors(rows, describe_source(args))
         if args.limit is not None:
-            rows = itertools.islice(rows, args.limit - tally.rows)
-        rows = tally.counted(rows)
+            rows = itertools.islice(rows, args.limit - tally["rows"])
+        rows = corpus.counted(rows, tally)
         end = object()  # a row can be None, so the end of the stream needs a marker of its own
         while (first := next(rows, end)) is not end:
             block_rows = itertools.chain([first], itertools.islice(rows, args.rows_per_block - 1))
             yield next(blocks), block_rows
             collections.deque(block_rows, maxlen=0)  # the block's rest: the next starts after it
-        if args.limit is not None and tally.rows >= args.limit:
+        if args.limit is not None and tally["rows"] >= args.limit:
             return
 
 
@@ -234,7 +254,7 @@ def block_batches(blocks, batch_size):
     None) once the block's rows are all read. A batch never holds texts of two blocks: each block is
     packed on its own."""
     for block, rows in blocks:
-        for batch in packing.text_batches(rows, batch_size):
+        for batch in corpus.text_batches(rows, batch_size):
             yield block, batch
         yield block, None
 
@@ -258,11 +278,9 @@ class BatchEncoder:
         fast = PreTrainedTokenizerFast
         self.direct = all(getattr(type(tokenizer), call) is getattr(fast, call) for call in calls)
         if self.direct:  # the backend as transformers sets it for that call; Beam's workers too
-            backend, split_special_tokens = (
-                tokenizer.backend_tokenizer,
-                tokenizer.split_special_tokens,
+            self.backend = packing.batch_backend(
+                tokenizer.backend_tokenizer, tokenizer.split_special_tokens
             )
-            self.backend = packing.batch_backend(backend, split_special_tokens)
 
     def __call__(self, texts):
         if self.direct:
@@ -293,7 +311,7 @@ def in_order(function, batches, threads):
     try:
         for batch in batches:
             pending.append(pool.submit(function, batch))
-            # keeps every thread busy while the main thread catches up
+            # Two batches a thread in line keep every thread busy while the main thread catches up.
             if len(pending) > 2 * threads:
                 yield pending.popleft().result()
         while pending:
@@ -319,14 +337,24 @@ def token_id_batches(batches, tokenizer, num_proc):
         yield from in_order(encode_batch, batches, threads=1)
 
 
-# Packing and writing: each block's sequences into shards that appear only when complete
+# Packing and writing: each block's sequences into shards of tf.train.Example records
+
+
+def tf_example(sequence):
+    """One record of a shard: a tf.train.Example with one feature, "input_ids", the sequence's
+    max_length token ids. run_mlm.py parses it back with contract.record_features."""
+    import tensorflow as tf
+
+    input_ids = tf.train.Feature(int64_list=tf.train.Int64List(value=sequence))
+    features = tf.train.Features(feature={contract.FEATURE_NAME: input_ids})
+    return tf.train.Example(features=features)
 
 
 class SplitWriter:
-    """Writes files into the split's folder, each whole (under a temporary name, then renamed). The
-    folder is cleared of what this run replaces only when the first file comes: until then a bad
-    input leaves existing output untouched. Killed at any moment, it leaves a finished split or a
-    folder without manifest.json, which the same command, run again, clears and writes afresh."""
+    """Writes the split's shards, each whole (under a temporary name, then renamed). The folder is
+    cleared of what this run replaces only when the first shard comes: until then a bad input
+    leaves existing output untouched. Killed at any moment, it leaves a finished split or a folder
+    without manifest.json, which the same command, run again, clears and writes afresh."""
 
     def __init__(self, split_dir):
         self.split_dir, self.started, self.created_folders = split_dir, False, []
@@ -337,13 +365,16 @@ class SplitWriter:
             split_folder.clear_split_dir(self.split_dir)
             self.started = True
 
-    def write_file(self, temporary, final, data):
+    def write_shard(self, path, sequences):
+        """One shard: each sequence (a row of the 2-D array) as a tf.train.Example in a TFRecord
+        file; returns its size in bytes."""
         import tensorflow as tf
 
         self.start()
-        with tf.io.gfile.GFile(temporary, "wb") as file:
-            file.write(data)
-        tf.io.gfile.rename(temporary, final, overwrite=True)
+        with storage.write_then_rename(path) as temporary, tf.io.TFRecordWriter(temporary) as file:
+            for sequence in sequences:
+                file.write(tf_example(sequence).SerializeToString())
+        return tf.io.gfile.stat(path).length
 
     def discard(self):
         """Remove whatever this run wrote: a later step must never pick up a half-written split."""
@@ -353,7 +384,7 @@ class SplitWriter:
 
 def write_blocks(id_batches, writer, args):
     """Pack each block on its own and write its shards (packing.pack_block: concatenate, cut,
-    serialize); returns, for each block in order, what it gave."""
+    write); returns, for each block in order, what it gave."""
     from tqdm.auto import tqdm
 
     summaries = []
@@ -363,8 +394,13 @@ def write_blocks(id_batches, writer, args):
     with closing(id_batches), progress:  # closing: stops the threads if writing fails
         for block, batches in itertools.groupby(id_batches, key=lambda batch: batch[0]):
             encoded = ((texts, ids) for _, texts, ids in batches if texts is not None)
-            where = (writer.split_dir, args.split, block, args.shard_size, writer.write_file)
-            shards = packing.BlockShards(*where)
+            shards = packing.BlockShards(
+                split_dir=writer.split_dir,
+                split=args.split,
+                block=block,
+                shard_size=args.shard_size,
+                write_shard=writer.write_shard,
+            )
             summary = packing.pack_block(block, encoded, args.max_length, shards, progress.update)
             summaries.append(summary)
     return summaries
@@ -372,13 +408,13 @@ def write_blocks(id_batches, writer, args):
 
 def write_split(args, files, tokenizer, settings, split_dir):
     """The split in this process: read, tokenize in threads, pack and write, then manifest.json."""
-    tally = SplitTally()
+    tally = collections.Counter()
     batches = block_batches(split_blocks(args, files, tally), args.batch_size)
     writer = SplitWriter(split_dir)
     try:
         blocks = write_blocks(token_id_batches(batches, tokenizer, args.num_proc), writer, args)
-        # checked before clearing
-        manifest = split_manifest.split_manifest(blocks, tally.rows, settings, PACKING)
+        # Built, and a split without a single sequence refused, before the folder is cleared.
+        manifest = split_manifest.split_manifest(blocks, tally["rows"], settings, PACKING)
         writer.start()
         split_folder.write_manifest(split_dir, split_manifest.manifest_text(manifest))
     except BaseException:
@@ -388,7 +424,7 @@ def write_split(args, files, tokenizer, settings, split_dir):
 
 
 def write_split_with_beam(args, files, tokenizer, settings, split_dir):
-    """The split as an Apache Beam pipeline (mlm_pipeline/beam_pipeline.py), on --runner: the same
+    """The split as an Apache Beam pipeline on --runner (mlm_pipeline/beam_pipeline.py): the same
     blocks, packed by pack_block on the runner's workers, which load the tokenizer themselves."""
     import tensorflow as tf
 
@@ -399,17 +435,26 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
             "text before its Rust backend sees it, which Beam's workers cannot do; run without "
             "--runner."
         )
-    fingerprint = split_manifest.tokenizer_fingerprint(encoder.backend)
-    name, split_special_tokens = args.tokenizer_name_or_path, tokenizer.split_special_tokens
-    beam_pipeline.load_backend(name, split_special_tokens, fingerprint)
+    workers_tokenizer = beam_launcher.worker_tokenizer(
+        args.tokenizer_name_or_path,
+        backend=encoder.backend,
+        split_special_tokens=tokenizer.split_special_tokens,
+    )
     inputs = f"{len(files)} input files"
     print(f"Writing the {args.split} split ({inputs}) as an Apache Beam pipeline on {args.runner}")
     created_folders = split_folder.missing_folders(split_dir)
     split_folder.clear_split_dir(split_dir)  # before the workers start: they write at once
     try:
-        tokenizer_args = (name, fingerprint, split_special_tokens)
-        output = (split_dir, args.batch_size, args.limit, PACKING)
-        beam_pipeline.run(args.beam_argv, files, settings, *tokenizer_args, *output)
+        beam_launcher.run(
+            args.beam_argv,
+            files,
+            tokenizer=workers_tokenizer,
+            settings=settings,
+            split_dir=split_dir,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            packing_text=PACKING,
+        )
     except BaseException:
         split_folder.remove_run_output(split_dir, created_folders)
         raise
@@ -426,9 +471,14 @@ def main(args):
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # looking for devices logs too (cuInit)
-    sizes = (args.max_length, args.rows_per_block, args.shard_size)
     settings = split_manifest.split_settings(
-        tokenizer, args.tokenizer_name_or_path, args.split, describe_source(args), *sizes
+        tokenizer,
+        tokenizer_name=args.tokenizer_name_or_path,
+        split=args.split,
+        source=describe_source(args),
+        max_length=args.max_length,
+        rows_per_block=args.rows_per_block,
+        shard_size=args.shard_size,
     )
     split_dir = contract.split_dir(args.output_dir, args.split)
     split_folder.check_split_dir(split_dir, args.split, args.overwrite_output_dir)

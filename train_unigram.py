@@ -28,9 +28,8 @@ import heapq
 import itertools
 import json
 import os
-import tempfile
 
-from mlm_pipeline import contract, corpus, hub, model_card, packing, storage
+from mlm_pipeline import contract, corpus, hub, model_card, storage
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
@@ -52,33 +51,43 @@ WORD_COUNT_STRIDE = 4  # words counted in every 4th batch: enough to rank the fr
 
 def parse_args(argv=None):
     parser = OneLineErrorParser(description="Train a Unigram tokenizer for masked-LM pretraining.")
-    add = parser.add_argument_group("data (the Hub by default, or local files)").add_argument
-    add("--dataset_name", default="wikitext", help="Hub dataset id (default: wikitext).")
-    add("--dataset_config", default="wikitext-103-raw-v1", help="Hub dataset configuration.")
-    add(
-        "--train_file",
-        help="Local plain text (any extension), .json/.jsonl, .csv or .parquet "
-        "file, or a quoted glob over many, read in sorted order ('corpus/*.txt'; gs:// for text).",
+    data = corpus.add_corpus_flags(parser, splits=["train"])
+    data.add_argument(
+        "--batch_size",
+        type=positive_int,
+        default=1000,
+        help="How many rows the trainer is handed at a time (default: 1000).",
     )
-    add("--text_column", default="text", help="Column that holds the text (default: text).")
-    add("--limit", type=positive_int, help="Use only the first LIMIT rows of the corpus.")
-    add(
-        "--streaming",
-        action="store_true",
-        help="Stream the Hub dataset (or local tabular files), "
-        "writing nothing to the datasets cache: --limit rows of a corpus larger than the disk (C4) "
-        "will do; without --limit, the whole stream. Plain text is always read line by line.",
-    )
-    add("--batch_size", type=positive_int, default=1000, help="Rows handed to the trainer at once.")
-    add("--trust_remote_code", action="store_true", help="Allow the Hub dataset repository's code.")
     add = parser.add_argument_group("tokenizer").add_argument
-    add("--vocab_size", type=int, default=32000, help="Vocabulary size, special tokens included.")
-    add("--output_dir", required=True, help="Local folder to save the tokenizer to.")
-    add("--overwrite_output_dir", action="store_true", help="Replace a tokenizer in --output_dir.")
+    add(
+        "--vocab_size",
+        type=int,
+        default=32000,
+        help="How many pieces the vocabulary holds, the special tokens included (default: 32000).",
+    )
+    add("--output_dir", required=True, help="The local folder to save the tokenizer to.")
+    add(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Replace a tokenizer already saved in --output_dir.",
+    )
     add = parser.add_argument_group("Hub").add_argument
-    add("--push_to_hub", "--export_to_hub", action="store_true", help="Also push to the Hub.")
-    add("--hub_model_id", help="Hub repository, e.g. my-user/my-tokenizer: made before training.")
-    add("--hub_private", action="store_true", help="Make the repository private (if it is new).")
+    add(
+        "--push_to_hub",
+        "--export_to_hub",
+        action="store_true",
+        help="Also push the tokenizer to the Hub, with a short README.md.",
+    )
+    add(
+        "--hub_model_id",
+        help="The Hub repository to push to, e.g. my-user/my-tokenizer: created (or found) before "
+        "training starts.",
+    )
+    add(
+        "--hub_private",
+        action="store_true",
+        help="Make the Hub repository private, if it is created by this run.",
+    )
     return parser.parse_args(argv)
 
 
@@ -119,8 +128,14 @@ def corpus_rows(args, files, source):
     if files is not None and corpus.local_format(files[0]) == "text":
         rows = (line for path in files for line in corpus.text_file_lines(path, args.text_column))
     else:
-        where = (files, args.dataset_name, args.dataset_config, args.trust_remote_code)
-        dataset = corpus.load_split("train", *where, streaming=args.streaming)
+        dataset = corpus.load_split(
+            "train",
+            files,
+            args.dataset_name,
+            args.dataset_config,
+            trust_remote_code=args.trust_remote_code,
+            streaming=args.streaming,
+        )
         rows = corpus.dataset_column(dataset, args.text_column, args.batch_size)
     return itertools.islice(corpus.reading_errors_as_usage_errors(rows, source), args.limit)
 
@@ -129,14 +144,8 @@ def training_batches(rows, batch_size, vocab_size, counts):
     """Batches of the non-blank texts (blank ones carry no tokens and would only skew piece counts),
     then word-end examples of the most frequent words (see word_end_examples); `counts` says how
     many rows and texts were read."""
-
-    def counted(rows):
-        for row in rows:
-            counts["rows"] += 1
-            yield row
-
     word_counts = collections.Counter()
-    for index, batch in enumerate(packing.text_batches(counted(rows), batch_size)):
+    for index, batch in enumerate(corpus.text_batches(corpus.counted(rows, counts), batch_size)):
         counts["texts"] += len(batch)
         if index % WORD_COUNT_STRIDE == 0:
             for text in batch:
@@ -259,14 +268,11 @@ def wrap_for_transformers(tokenizer):
 
 
 def save(tokenizer, output_dir):
-    """Write the folder through a temporary one beside it, tokenizer.json (what marks a tokenizer
-    folder) last: an interruption never leaves one that looks finished. Returns the names."""
-    os.makedirs(output_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".saving-") as staging:
-        tokenizer.save_pretrained(staging)
-        names = sorted(os.listdir(staging), key=lambda n: (n == contract.TOKENIZER_FILE, n))
-        for name in names:  # os.replace: atomic on one file system
-            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+    """Save the folder so that an interruption never leaves one that looks finished: through a
+    staging folder, tokenizer.json (what marks a tokenizer folder) last. Returns the names."""
+    with storage.staged_folder(output_dir, last=contract.TOKENIZER_FILE) as folder:
+        tokenizer.save_pretrained(folder)
+        names = sorted(os.listdir(folder))
     return names
 
 

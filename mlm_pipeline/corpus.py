@@ -12,12 +12,13 @@ workers of prepare_tfrecord_shards.py read text through here.
 """
 
 import glob
+import itertools
 import os
 
 import numpy as np
 
 from . import storage
-from .errors import UsageError, first_line
+from .errors import UsageError, first_line, positive_int
 from .tf_startup import tensorflow_startup_log_held_back
 
 # Tabular formats, read by their datasets builder; any other file is plain text, one document per
@@ -40,6 +41,58 @@ NOT_TEXT = (
     ".xlsx",
     ".arrow",
 )
+
+
+DEFAULT_DATASET = "wikitext"
+DEFAULT_DATASET_CONFIG = "wikitext-103-raw-v1"
+
+
+def add_corpus_flags(parser, splits):
+    """Declare the flags that say where a corpus comes from, for both data scripts: a --<split>_file
+    for each of `splits`, or a Hub dataset (WikiText-103 by default), and how to read it. Returns
+    the argument group, for a script to add its own reading flags to."""
+    data = parser.add_argument_group("data: local or gs:// files, or a Hub dataset (the default)")
+    add = data.add_argument
+    for split in splits:
+        add(
+            f"--{split}_file",
+            help=f"The {split} split: a file, or a quoted glob over files read in sorted order "
+            "('corpus/*.txt'), local or gs://. Plain text is one document per line under any "
+            "extension; local .json/.jsonl, .csv and .parquet files are read by --text_column. "
+            "Without it, the split comes from --dataset_name.",
+        )
+    add(
+        "--dataset_name",
+        default=DEFAULT_DATASET,
+        help=f"The Hub dataset to read when no file is given, or a local folder laid out as one "
+        f"(default: {DEFAULT_DATASET}).",
+    )
+    add(
+        "--dataset_config",
+        default=DEFAULT_DATASET_CONFIG,
+        help=f"Which configuration of the Hub dataset (default: {DEFAULT_DATASET_CONFIG}).",
+    )
+    add(
+        "--text_column",
+        default="text",
+        help="The column that holds the text in a dataset or a tabular file (default: text).",
+    )
+    add("--limit", type=positive_int, help="Read only the first LIMIT rows of the split.")
+    add(
+        "--streaming",
+        action="store_true",
+        help="Read the dataset as a stream instead of downloading the whole split into the "
+        "datasets cache first: nothing is written to the cache, so a corpus larger than the disk "
+        "will do (with --limit, only its first rows are read). Plain text files are always read "
+        "line by line.",
+    )
+    add(
+        "--trust_remote_code",
+        action="store_true",
+        help="Let a Hub repository run the code it ships to load its dataset or tokenizer; only "
+        "for repositories you trust.",
+    )
+    return data
 
 
 def local_format(path):
@@ -234,6 +287,22 @@ class ByteRange:
         data = self.file.read(int(min(size, self.left))) if self.left > 0 else b""
         self.left -= len(data)
         return data
+
+
+def counted(rows, tally):
+    """The rows, unchanged; `tally["rows"]` (a collections.Counter) goes up by one as each passes,
+    so that a script can say how many rows it read once it has read them."""
+    for row in rows:
+        tally["rows"] += 1
+        yield row
+
+
+def text_batches(rows, batch_size):
+    """Lists of up to `batch_size` of the rows' non-blank texts (a row may be None, or blank: it
+    has none)."""
+    texts = (text for text in rows if text is not None and text.strip())
+    while batch := list(itertools.islice(texts, batch_size)):
+        yield batch
 
 
 def load_split(split, path, dataset_name, dataset_config, trust_remote_code=False, streaming=False):

@@ -1,10 +1,13 @@
-"""The bytes of a split's shards: token ids -> packed sequences -> tf.train.Example records ->
-TFRecord files.
+"""A split's shards: token ids -> packed sequences -> shard files of tf.train.Example records.
 
 prepare_tfrecord_shards.py writes a split in one process or as an Apache Beam pipeline
-(mlm_pipeline/beam_pipeline.py); both pack and write every block through `pack_block` here, so they
-cannot drift apart, and a test holds them to the same bytes. Nothing here needs TensorFlow: numpy,
-🤗 tokenizers and google-crc32c are all a Beam worker installs to write shards that tf.data reads.
+(mlm_pipeline/beam_pipeline.py); both pack every block through `pack_block` and gather its
+sequences into shards through `BlockShards` here, so they cannot drift apart. They differ only in
+how a shard file is written: the single process writes each record as a `tf.train.Example` with
+TensorFlow (the script shows it); Beam's workers, which have no TensorFlow, encode the records and
+frame the TFRecord file here with numpy and google-crc32c (`serialize_examples`, `tfrecord_bytes`),
+byte for byte what TensorFlow writes (tests/test_prepare_shards.py and test_prepare_beam.py hold
+them to it).
 
 A block's shards are `<split>-<block>-<shard>-<records>.tfrecord` (contract.shard_name): a shard
 never holds sequences of two blocks, so whoever packs a block writes all of its shards, and no
@@ -18,7 +21,7 @@ import struct
 
 import numpy as np
 
-from .contract import FEATURE_NAME, shard_name, temporary_shard_name
+from .contract import FEATURE_NAME, shard_name
 
 # --------------------------------------------------------------------------------------------------
 # Tokenizing
@@ -50,16 +53,8 @@ def concatenate_ids(per_text):
     return np.fromiter(itertools.chain.from_iterable(per_text), dtype=np.int64, count=total)
 
 
-def text_batches(rows, batch_size):
-    """Lists of up to `batch_size` of the rows' non-blank texts (a row may be None, or blank: it
-    has none)."""
-    texts = (text for text in rows if text is not None and text.strip())
-    while batch := list(itertools.islice(texts, batch_size)):
-        yield batch
-
-
 # --------------------------------------------------------------------------------------------------
-# tf.train.Example records, encoded with numpy
+# tf.train.Example records, encoded with numpy, for Beam's workers
 
 
 def varint(value):
@@ -147,33 +142,30 @@ def tfrecord_bytes(records):
 
 
 class BlockShards:
-    """One block's shards, each written whole, `shard_size` sequences at a time, by
-    `write_file(temporary, final, data)` (which writes `data` under the temporary name and renames
-    it: a shard appears complete or not at all). A shard's bytes are built in memory: a few MB at
-    10,000 records of 128 tokens."""
+    """One block's shards: its sequences gathered `shard_size` at a time, each shard written by
+    `write_shard(path, sequences)`, which writes the 2-D array of sequences as a TFRecord file that
+    appears complete or not at all, and returns its size in bytes."""
 
-    def __init__(self, split_dir, split, block, shard_size, write_file):
+    def __init__(self, split_dir, split, block, shard_size, write_shard):
         self.split_dir, self.split, self.block = split_dir, split, block
-        self.shard_size, self.write_file = shard_size, write_file
+        self.shard_size, self.write_shard = shard_size, write_shard
         self.pending, self.shards = [], []
 
     def add(self, sequences):
-        for record in serialize_examples(sequences):
-            self.pending.append(record)
+        for sequence in sequences:
+            self.pending.append(sequence)
             if len(self.pending) == self.shard_size:
                 self.flush()
 
     def flush(self):
         if not self.pending:
             return
-        index, records = len(self.shards), len(self.pending)
-        name = shard_name(self.split, self.block, index, records)
-        temporary = f"{self.split_dir}/{temporary_shard_name(self.split, self.block, index)}"
-        data = tfrecord_bytes(self.pending)
-        self.write_file(temporary, f"{self.split_dir}/{name}", data)
+        records = len(self.pending)
+        name = shard_name(self.split, self.block, len(self.shards), records)
+        size = self.write_shard(f"{self.split_dir}/{name}", np.stack(self.pending))
         # The size lets training check that every shard is whole with one stat() call: a truncated
         # TFRecord file reads as a shorter one without any error.
-        self.shards.append({"file": name, "records": records, "bytes": len(data)})
+        self.shards.append({"file": name, "records": records, "bytes": size})
         self.pending = []
 
 

@@ -5,13 +5,21 @@ by `check_gcs_paths()` in a short-lived child process, so that no network, no ac
 bucket is one line within a minute instead of TensorFlow's minutes of retries ending in a libcurl
 code; an output prefix is also written to and deleted from there, so that an account that may read
 but not write is refused before hours of training rather than at the first checkpoint.
+
+Every file the steps hand on is written so that it is never seen half-written: one file through
+`write_then_rename()` (a temporary name, then a rename), the files a library saves through
+`staged_folder()` (a staging folder, then published file by file, the one that marks the folder
+finished last).
 """
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from .errors import UsageError
 
@@ -27,16 +35,84 @@ def temporary_path(path):
     return f"{folder}/.{name}.tmp"
 
 
-def write_whole(path, text):
-    """Write a text file (local or gs://) that is never seen half-written: a hidden temporary file
-    beside it, then a rename (atomic on a local file system; a Cloud Storage object appears once
-    complete)."""
+@contextlib.contextmanager
+def write_then_rename(path, rename=None):
+    """The name to write `path` under: a hidden temporary file beside it, renamed to `path` once the
+    block ends without an error, so that nobody ever sees the file half-written (a rename is atomic
+    on a local file system, and a Cloud Storage object appears only once complete). If the block
+    fails, the temporary file is left for the caller's clean-up.
+
+    `rename(source, target)` is TensorFlow's by default, which renames local and gs:// files alike;
+    Beam's workers, which have no TensorFlow, pass Beam's.
+    """
+    temporary = temporary_path(path)
+    yield temporary
+    if rename is None:
+        import tensorflow as tf
+
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    else:
+        rename(temporary, path)
+
+
+def write_whole(path, data):
+    """Write text or bytes to a file, local or gs://, that is never seen half-written."""
     import tensorflow as tf
 
-    temporary = temporary_path(path)
-    with tf.io.gfile.GFile(temporary, "w") as file:
-        file.write(text)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with write_then_rename(path) as temporary, tf.io.gfile.GFile(temporary, mode) as file:
+        file.write(data)
+
+
+@contextlib.contextmanager
+def staged_folder(output_dir, last):
+    """A local folder for a library to save files into (save_pretrained writes through the local
+    file system); when the block ends without an error, its files are moved to `output_dir`, local
+    or gs://, one by one and the file named `last` after all the others. That file is what marks
+    the folder as finished, so an interruption never leaves one that looks finished. If the block
+    fails, nothing is published.
+
+    The staging folder sits inside a local `output_dir`, so each file is put in place by a rename,
+    which is atomic; for gs:// it is a temporary folder, and each file is uploaded (an object exists
+    only once whole).
+    """
+    local = not is_remote(output_dir)
+    output_dir = output_dir.rstrip("/")
+    if local:
+        os.makedirs(output_dir, exist_ok=True)
+    else:
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(output_dir)
+    with tempfile.TemporaryDirectory(
+        dir=output_dir if local else None, prefix=".saving-"
+    ) as folder:
+        yield folder
+        last_of_all = sorted(os.listdir(folder), key=lambda name: (name == last, name))
+        for name in last_of_all:
+            source, target = os.path.join(folder, name), f"{output_dir}/{name}"
+            if local:
+                publish_locally(source, target)
+            else:
+                upload(source, target)
+
+
+def publish_locally(source, target):
+    if os.path.isdir(target):  # a folder left by a run killed while it published
+        shutil.rmtree(target)
+    os.replace(source, target)
+
+
+def upload(source, target):
+    """Copy a local file, or a folder of files, to Cloud Storage."""
+    import tensorflow as tf
+
+    if not os.path.isdir(source):
+        tf.io.gfile.copy(source, target, overwrite=True)
+        return
+    tf.io.gfile.makedirs(target)
+    for name in sorted(os.listdir(source)):
+        tf.io.gfile.copy(os.path.join(source, name), f"{target}/{name}", overwrite=True)
 
 
 def check_local_output_dir(output_dir, flag="--output_dir"):

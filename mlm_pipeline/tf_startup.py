@@ -5,7 +5,7 @@ probing, a `cuInit` error on a machine without a GPU). Those lines go straight t
 stderr whatever TF_CPP_MIN_LOG_LEVEL says, and they read like errors. The scripts load TensorFlow
 inside `tensorflow_startup_log_held_back()`, which keeps them in a temporary file and shows them
 only when start-up fails for a reason other than the user's input. TF_CPP_MIN_LOG_LEVEL=0 shows them
-always.
+always. `stderr_held_back()` is that holder for any block.
 """
 
 import functools
@@ -47,9 +47,18 @@ if installed_as_tpu_build():
 
 @contextmanager
 def tensorflow_startup_log_held_back():
-    """Send file descriptor 2 to a temporary file for the block; replay it if the block fails (not
-    for a UsageError, which is the user's mistake and reported alone)."""
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+    """Hold TensorFlow's start-up log back for the block; show it if the block fails (not for a
+    UsageError, which is the user's mistake and reported alone)."""
+    with stderr_held_back(active=os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0"):
+        yield
+
+
+@contextmanager
+def stderr_held_back(active=True):
+    """Send file descriptor 2 (what C++ libraries and child processes print to) to a temporary file
+    for the block, and replay it if the block fails for a reason other than a UsageError. Beam's
+    launcher holds back its local worker processes' tracebacks this way too (beam_launcher)."""
+    if not active:
         yield
         return
     sys.stderr.flush()

@@ -3,8 +3,13 @@ process writes, whatever the block layout and the runner's settings; a pipeline 
 leaves no manifest.json, and the same command run again replaces its leftovers. Also the reading
 both paths share: the lines of a text file and where each block of them starts.
 
-Beam runs here on the DirectRunner (mlm_pipeline.beam_pipeline runs it on Beam's FnApiRunner, in
-this process or in worker processes), offline.
+Beam runs here on the DirectRunner (mlm_pipeline.beam_launcher runs it on Beam's FnApiRunner, in
+this process or in worker processes), offline. The single process writes its records with
+TensorFlow (tf.train.Example, tf.io.TFRecordWriter) and Beam's workers with the package's own
+encoder, so the same bytes from both hold that encoder to TensorFlow's.
+
+Apache Beam is an install of its own (requirements-beam.txt): without it, --runner is refused in one
+line that says how to install it, and the step runs as before without --runner.
 """
 
 import io
@@ -18,8 +23,11 @@ from conftest import (
     kill_when,
     make_corpus_lines,
     prepare_flags,
+    run_command,
     start_script,
+    subprocess_env,
 )
+from refusals import refused
 
 import prepare_tfrecord_shards as prepare
 from mlm_pipeline import corpus
@@ -301,3 +309,39 @@ def test_pipeline_options_are_checked_before_any_work(
     for needle in needles:
         assert needle.format(out=tmp_path / "out", tokenizer=tokenizer_dir) in str(refusal.value)
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Without Apache Beam installed (requirements.txt alone)
+
+# Stands in for a missing package: found first on PYTHONPATH, it fails as a missing one does.
+NO_BEAM = """raise ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam")\n"""
+
+
+def test_without_beam_runner_is_one_line_naming_the_install_and_the_step_runs_without_it(
+    corpus_files, tokenizer_dir, single_process, tmp_path
+):
+    shadow = tmp_path / "no_beam"
+    shadow.mkdir()
+    (shadow / "apache_beam.py").write_text(NO_BEAM)
+    env = {**subprocess_env(), "PYTHONPATH": str(shadow)}
+
+    def run_without_beam(script, *args):
+        return run_command(script, *args, env=env)
+
+    extra = LAYOUTS["many blocks per file"]
+    argv = prepare_argv(corpus_files / "part-*.txt", tokenizer_dir, tmp_path / "out", *extra)
+    line = refused(
+        run_without_beam,
+        "prepare_tfrecord_shards.py",
+        [*argv, *IN_PROCESS],
+        tmp_path / "out",
+        "--runner",
+        "Apache Beam is not installed",
+        "`pip install -r requirements-beam.txt`",
+    )
+    assert line.endswith("or run without --runner.")
+
+    written = run_without_beam("prepare_tfrecord_shards.py", *argv)
+    assert written.returncode == 0, written.stderr[-3000:]
+    assert_same_files(files_in(tmp_path / "out"), single_process["many blocks per file"])

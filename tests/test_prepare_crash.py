@@ -1,8 +1,9 @@
 """prepare_tfrecord_shards.py killed (SIGKILL) at any moment, then run again with the same command,
 leaves exactly the files an uninterrupted run writes.
 
-The kills come from inside the real script: a small launcher wraps TensorFlow's file writes, renames
-and removes, and the process sends itself SIGKILL at the Nth such call. So each moment is hit
+The kills come from inside the real script: a small launcher wraps TensorFlow's file writes (the
+shards' records, the manifest's bytes), renames and removes, and the process sends itself SIGKILL at
+the Nth such call. So each moment is hit
 exactly, every time, which polling the folder from outside cannot promise when a shard takes a
 millisecond to write. One test also kills from outside, as a user would, when the first shard
 appears.
@@ -51,12 +52,19 @@ def reached(name):
 
 
 class GFile(tf.io.gfile.GFile):
-    def write(self, data):  # a shard or manifest is written in one call: stop halfway through it
+    def write(self, data):  # the manifest is written in one call: stop halfway through it
         half = len(data) // 2
         super().write(data[:half])
         self.flush()
         reached("half a file written")
         super().write(data[half:])
+
+
+class TFRecordWriter(tf.io.TFRecordWriter):
+    def write(self, record):  # a shard is written a record at a time
+        super().write(record)
+        self.flush()
+        reached("record written")
 
 
 def kind(path):
@@ -77,7 +85,7 @@ def removing(path):
     reached("file removed")
 
 
-tf.io.gfile.GFile = GFile
+tf.io.gfile.GFile, tf.io.TFRecordWriter = GFile, TFRecordWriter
 tf.io.gfile.rename, tf.io.gfile.remove = renaming, removing
 sys.argv = [script, *args]
 runpy.run_path(script, run_name="__main__")
@@ -122,10 +130,10 @@ def test_the_same_command_writes_the_same_bytes(corpus, tokenizer_dir, uninterru
 # uninterrupted run's names)
 KILL_POINTS = [
     (
-        "in the first shard",
-        "half a file written",
-        1,
-        lambda done: {".train-00000-00000.tfrecord.tmp"},
+        "halfway through the first shard",
+        "record written",
+        SHARD_SIZE // 2,
+        lambda done: {f".train-00000-00000-{SHARD_SIZE}.tfrecord.tmp"},
     ),
     (
         "second shard written, not yet renamed",
@@ -133,8 +141,14 @@ KILL_POINTS = [
         2,
         lambda done: {
             f"train-00000-00000-{SHARD_SIZE}.tfrecord",
-            ".train-00000-00001.tfrecord.tmp",
+            f".train-00000-00001-{SHARD_SIZE}.tfrecord.tmp",
         },
+    ),
+    (
+        "halfway through the manifest",
+        "half a file written",
+        1,
+        lambda done: {name for name in done if SHARD_NAME.match(name)} | {".manifest.json.tmp"},
     ),
     (
         "manifest written, not yet renamed",

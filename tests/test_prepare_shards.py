@@ -312,15 +312,6 @@ def test_dataset_name_path_selects_the_split(
 # midway leaves nothing behind
 
 
-def example_bytes_from_tensorflow(row):
-    import tensorflow as tf
-
-    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
-    return tf.train.Example(
-        features=tf.train.Features(feature={"input_ids": feature})
-    ).SerializeToString()
-
-
 EDGE_IDS = [
     0,
     1,
@@ -364,8 +355,11 @@ def rows_of_every_kind(max_length, seed):
 
 @pytest.mark.parametrize("max_length", [2, 3, 15, 128, 129, 1700])
 def test_serialize_is_byte_identical_to_tf_train_example(max_length):
+    """Beam's workers encode records without TensorFlow: the same bytes as the script's
+    tf.train.Example, the record as the single process writes it."""
     rows = rows_of_every_kind(max_length, seed=max_length)
-    assert packing.serialize_examples(rows) == [example_bytes_from_tensorflow(row) for row in rows]
+    expected = [prepare.tf_example(row).SerializeToString() for row in rows]
+    assert packing.serialize_examples(rows) == expected
 
 
 def test_serialize_of_no_rows_is_nothing():
