@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite in one command, on CPU, offline: installs the pinned requirements (plus pytest) into .venv
-# unless a virtualenv or conda env is active, then runs pytest. Extra arguments go to pytest.
+# The test suite in one command, on CPU, offline: installs the pinned requirements, Apache Beam's included, and
+# the test tools (requirements-test.txt) into .venv unless a virtualenv or conda env is active, then runs
+# pytest. Extra arguments go to pytest.
 #
 #   bash run_tests.sh                 # everything, one pytest worker per core: 7.5 minutes on 2 cores
 #   bash run_tests.sh -m smoke        # the end-to-end smoke test alone, about a minute: the line for your CI
