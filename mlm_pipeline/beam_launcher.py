@@ -160,8 +160,7 @@ def runner_for(options):
     from apache_beam.options.pipeline_options import StandardOptions
 
     if options.view_as(StandardOptions).runner.lower() not in ("directrunner", "direct"):
-        # a remote runner's progress, and where to watch the job (Dataflow's console link), are
-        # logged
+        # Logged: a remote runner's progress, and where to watch the job (Dataflow's console link).
         logging.getLogger().setLevel(logging.INFO)
         return None, False
     # What the DirectRunner runs a batch pipeline on, named directly: the DirectRunner would first

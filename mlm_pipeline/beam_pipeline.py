@@ -58,7 +58,7 @@ def build(pipeline, files, *, settings, tokenizer, split_dir, batch_size, limit,
         | "Index each file's blocks" >> beam.Map(index_file, rows_per_block)
         | "Gather the indexes" >> beam.combiners.ToList()
         | "Number the blocks" >> beam.FlatMap(number_blocks, rows_per_block, limit)
-        # else the runner may pack them all where they were numbered
+        # Without it, the runner may pack every block on the worker that numbered them.
         | "Spread the blocks" >> beam.Reshuffle()
         | "Tokenize, pack and write each block" >> beam.ParDo(pack)
         | "Gather the summaries" >> beam.combiners.ToList()
@@ -123,8 +123,7 @@ class PackBlock(beam.DoFn):
         self.settings, self.batch_size = settings, batch_size
 
     def setup(self):
-        # One core per worker process: the tokenizer's own thread pool would make N workers use
-        # N x cores.
+        # One core a worker: the tokenizer's own thread pool would make N workers use N x the cores.
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         self.backend = load_backend(self.tokenizer)
 

@@ -1,8 +1,8 @@
 """Reading a corpus: local or gs:// files (one, or a glob over many), or a Hub dataset, as a stream
 of texts.
 
-train_unigram.py and prepare_tfrecord_shards.py read their input through here, so both accept the
-same files and refuse bad ones in the same words. Plain text, whatever its extension (.txt,
+train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags (`add_corpus_flags`) and
+read their input through here, so both accept the same files and refuse bad ones in the same words. Plain text, whatever its extension (.txt,
 WikiText's .raw or .tokens, none), is read line by line without datasets (one document per line,
 split exactly as datasets' "text" builder splits it), from local disk or gs://; the tabular formats
 (.json/.jsonl, .csv, .parquet, local) and Hub datasets go through datasets, which can stream a Hub
@@ -24,8 +24,7 @@ from .tf_startup import tensorflow_startup_log_held_back
 # Tabular formats, read by their datasets builder; any other file is plain text, one document per
 # line (.txt, WikiText's .raw and .tokens, no extension at all...).
 TABULAR_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-# Files that are not text but would partly decode as text: refused by name
-# rather than read as garbage.
+# Files that are not text but would partly decode as text: refused by name, not read as garbage.
 NOT_TEXT = (
     ".gz",
     ".bz2",

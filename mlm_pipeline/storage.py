@@ -179,16 +179,14 @@ for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
         report(path, "delete", type(error).__name__, str(error), probe)
 """
 GCS_PROBE_ENV = {
-    # A few quick retries and short timeouts instead of TensorFlow's minutes
-    # of them, for the probe only.
+    # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe.
     "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
     "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "500000",
     "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
     "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "10",
     "GCS_REQUEST_IDLE_TIMEOUT_SECS": "10",
     "GCS_METADATA_REQUEST_TIMEOUT_SECS": "10",
-    # The probe needs no accelerator: leave the TPU (which one process at a time
-    # may hold) and the GPUs alone.
+    # The probe needs no accelerator: it leaves the TPU (one process at a time holds it) and GPUs.
     "TPU_LOAD_LIBRARY": "0",
     "CUDA_VISIBLE_DEVICES": "",
     "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -269,8 +267,7 @@ def probe_failure(failure, flag):
         return UsageError(
             f"{where}: Cloud Storage cannot be reached ({reason}); {UNREACHABLE_ADVICE}."
         )
-    # The run writes there and also deletes and replaces what it wrote (old
-    # checkpoints, rewritten logs).
+    # The run writes there and also deletes and replaces what it wrote (old checkpoints, logs).
     rights = (
         f"{flag} must be writable: give the account permission to create and delete objects in "
         f"{bucket} (e.g. the role Storage Object User), or choose another {flag}"
