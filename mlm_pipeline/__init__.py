@@ -12,9 +12,11 @@ readable on its own. Scripts import these modules; nothing here imports a script
     packing         the bytes of the shards: tokenize, pack, tf.train.Example records, TFRecords
     split_manifest  a finished split's manifest.json, built from what each block gave
     split_folder    a split's folder while it is written: checks, clean-up, its manifest last
-    beam_pipeline   prepare_tfrecord_shards.py --runner: the step on Apache Beam (Dataflow)
-    hosts           run_mlm.py on several hosts: its strategy without a TPU, who writes, which
-                    shard files each host's input pipeline reads
+    beam_pipeline   the step on Apache Beam: the pipeline graph and what its workers run
+    beam_launcher   prepare_tfrecord_shards.py --runner: Beam's checks before any work, the
+                    runner, the run and its errors
+    hosts           the TPU connected, or the strategy without one; on several hosts, who
+                    writes and which shard files each host's input pipeline reads
     model_config    the architecture from --pretrained_model_config and --config_overrides
     output_folder   run_mlm.py's output folder: refused early, started afresh, or resumed
     checkpoints     checkpoints saved during fit() and restored on resume

@@ -47,10 +47,6 @@ def shard_name(split, block, shard, records):
     return f"{split}-{block:05d}-{shard:05d}-{records}.tfrecord"
 
 
-def temporary_shard_name(split, block, shard):
-    return f".{split}-{block:05d}-{shard:05d}.tfrecord.tmp"
-
-
 def record_features(max_length):
     """The parsing spec of a record, for tf.io.parse_example."""
     import tensorflow as tf

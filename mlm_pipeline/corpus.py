@@ -2,13 +2,13 @@
 of texts.
 
 train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags (`add_corpus_flags`) and
-read their input through here, so both accept the same files and refuse bad ones in the same words. Plain text, whatever its extension (.txt,
-WikiText's .raw or .tokens, none), is read line by line without datasets (one document per line,
-split exactly as datasets' "text" builder splits it), from local disk or gs://; the tabular formats
-(.json/.jsonl, .csv, .parquet, local) and Hub datasets go through datasets, which can stream a Hub
-dataset rather than download it. Reading errors that only show midway (bad encoding, malformed JSON)
-become one line too. Nothing here needs TensorFlow but gs:// reading in one process: the Beam
-workers of prepare_tfrecord_shards.py read text through here.
+read their input through here, so both accept the same files and refuse bad ones in the same words.
+Plain text, whatever its extension (.txt, WikiText's .raw or .tokens, none), is read line by line
+without datasets (one document per line, split exactly as datasets' "text" builder splits it), from
+local disk or gs://; the tabular formats (.json/.jsonl, .csv, .parquet, local) and Hub datasets go
+through datasets, which can stream a Hub dataset rather than download it. Reading errors that only
+show midway (bad encoding, malformed JSON) become one line too. Nothing here needs TensorFlow but
+gs:// reading in one process: the Beam workers of prepare_tfrecord_shards.py read text through here.
 """
 
 import glob

@@ -8,6 +8,7 @@ requirements-export-test.txt) loads every folder with AutoModelForMaskedLM and p
 """
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -266,8 +267,8 @@ def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monk
         published.append(Path(target).name)
         return real_replace(source, target)
 
-    real_replace = model_folder.os.replace
-    monkeypatch.setattr(model_folder.os, "replace", replace)
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", replace)
     save(masked_lm, tokenizer, str(tmp_path / "with"))
     assert contract.PYTORCH_DIR in published and published[-1] == "config.json"
     copy = tmp_path / "with" / contract.PYTORCH_DIR
