@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import MAX_LENGTH, TINY_MODEL
+from helpers import MAX_LENGTH, TINY_MODEL
 
 # prepare_tfrecord_shards.py's progress bar, there when the problem showed only
 # after some shards were written.

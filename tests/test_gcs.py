@@ -12,7 +12,8 @@ import socket
 import subprocess
 
 import pytest
-from conftest import (
+from gcs_emulator import GcsEmulator
+from helpers import (
     MAX_LENGTH,
     TINY_MODEL,
     flags,
@@ -23,7 +24,6 @@ from conftest import (
     start_script,
     subprocess_env,
 )
-from gcs_emulator import GcsEmulator
 
 from mlm_pipeline import contract
 

@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from conftest import VOCAB_SIZE, flags, last_line, tiny_run_flags
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process, use_fake_hub
+from helpers import VOCAB_SIZE, flags, last_line, tiny_run_flags
 
 import run_mlm
 import train_unigram

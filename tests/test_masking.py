@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH
+from helpers import MAX_LENGTH
 
 import run_mlm
 

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH, REPO, flags, subprocess_env
+from helpers import MAX_LENGTH, REPO, flags, subprocess_env
 
 import run_mlm
 from mlm_pipeline import contract, hosts

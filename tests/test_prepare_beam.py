@@ -17,7 +17,7 @@ import os
 import random
 
 import pytest
-from conftest import (
+from helpers import (
     assert_same_files,
     files_in,
     kill_when,

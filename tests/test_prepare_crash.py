@@ -17,7 +17,7 @@ import re
 import signal
 
 import pytest
-from conftest import (
+from helpers import (
     assert_same_files,
     files_in,
     kill_when,

@@ -7,7 +7,7 @@ import shutil
 import time
 
 import pytest
-from conftest import (
+from helpers import (
     MAX_LENGTH,
     SHARD_SIZE,
     dataset_files,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, TINY_MODEL, flags, mlm_flags, subprocess_env
+from helpers import REPO, TINY_MODEL, flags, mlm_flags, subprocess_env
 
 import run_mlm
 from mlm_pipeline import contract, model_folder

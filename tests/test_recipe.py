@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH, kill_when, run_command, start_script
+from helpers import MAX_LENGTH, kill_when, run_command, start_script
 from test_masking import (
     MASK_ID,
     SPECIAL_IDS,

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import TINY_MODEL, kill_when, run_command, start_script, tiny_run_flags
+from helpers import TINY_MODEL, kill_when, run_command, start_script, tiny_run_flags
 
 import run_mlm
 from mlm_pipeline import contract, segments

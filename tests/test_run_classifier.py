@@ -12,8 +12,8 @@ import random
 import shutil
 
 import pytest
-from conftest import make_corpus_lines, tiny_run_flags
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process
+from helpers import make_corpus_lines, tiny_run_flags
 
 import run_classifier
 import run_mlm

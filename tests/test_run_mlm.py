@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, mlm_flags
+from helpers import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, mlm_flags
 from refusals import RUN_MLM, case, refused, refused_command
 
 import run_mlm

@@ -2,8 +2,8 @@
 default."""
 
 import pytest
-from conftest import TINY_MODEL, VOCAB_SIZE, flags, mlm_flags
 from fake_hub import FakeHub, use_fake_hub
+from helpers import TINY_MODEL, VOCAB_SIZE, flags, mlm_flags
 
 import prepare_tfrecord_shards
 import run_mlm

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import last_line, tiny_run_flags
+from helpers import last_line, tiny_run_flags
 
 
 @pytest.fixture

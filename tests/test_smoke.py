@@ -15,7 +15,7 @@ TensorFlow's TPU build has no XLA compiler for the CPU, so there run_mlm.py must
 import json
 
 import pytest
-from conftest import TINY_MODEL, make_corpus_lines, write_lines
+from helpers import TINY_MODEL, make_corpus_lines, write_lines
 
 from mlm_pipeline import contract, tf_startup
 

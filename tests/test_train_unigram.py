@@ -6,7 +6,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from conftest import (
+from helpers import (
     VOCAB_SIZE,
     dataset_files,
     flags,

@@ -6,7 +6,7 @@ import os
 import re
 
 import pytest
-from conftest import MAX_LENGTH, mlm_flags
+from helpers import MAX_LENGTH, mlm_flags
 
 import run_mlm
 from mlm_pipeline import contract, tf_startup, training_logs
@@ -216,7 +216,7 @@ def test_a_whole_run_prints_no_tensorflow_log(
 def test_help_is_complete_and_loads_no_heavy_library(script):
     """--help must answer at once: it may not load TensorFlow, transformers or datasets, and every
     flag says what it does."""
-    from conftest import REPO, run_command
+    from helpers import REPO, run_command
 
     probe = (
         f"import runpy, sys\nsys.argv = [{script!r}, '--help']\ntry:\n    "
