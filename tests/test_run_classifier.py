@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process
-from helpers import make_corpus_lines, tiny_run_flags
+from helpers import flags, make_corpus_lines, tiny_run_flags
 
 import run_classifier
 import run_mlm
@@ -61,7 +61,7 @@ def labelled(tmp_path_factory):
 def pretrained(shards_dir, tokenizer_dir, tmp_path_factory):
     """A tiny masked LM pretrained by run_mlm.py on the session's shards (32 positions)."""
     output_dir = tmp_path_factory.mktemp("pretrained") / "model"
-    flags = tiny_run_flags(
+    argv = tiny_run_flags(
         shards_dir,
         tokenizer_dir,
         output_dir,
@@ -70,28 +70,21 @@ def pretrained(shards_dir, tokenizer_dir, tmp_path_factory):
         learning_rate=1e-3,
         no_pytorch_export=True,
     )
-    run_mlm.main(run_mlm.parse_args([str(flag) for flag in flags]))
+    run_mlm.main(run_mlm.parse_args([str(word) for word in argv]))
     return output_dir
 
 
 def classifier_flags(model, output_dir, *extra, **named):
     """run_classifier.py's flags for a quick run on the CPU; `named` add to or replace them."""
+    quick = dict(per_replica_batch_size=16, num_epochs=3, learning_rate=3e-3)
     named = {
         "no_tpu": True,
         "model_name_or_path": model,
         "output_dir": output_dir,
-        "per_replica_batch_size": 16,
-        "num_epochs": 3,
-        "learning_rate": 3e-3,
+        **quick,
         **named,
     }
-    words = []
-    for name, value in named.items():
-        if value is True:
-            words.append(f"--{name}")
-        elif value is not None and value is not False:
-            words += [f"--{name}", str(value)]
-    return [*words, *[str(word) for word in extra]]
+    return [*flags(**named), *[str(word) for word in extra]]
 
 
 def run(*argv):
@@ -152,8 +145,8 @@ def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled,
     with pytest.raises(UsageError, match="no TF weights"):
         run(*classifier_flags(architecture, output_dir), *local_files(labelled))
     assert not output_dir.exists()
-    flags = classifier_flags(architecture, output_dir, from_scratch=True)
-    scores = run(*flags, *local_files(labelled))
+    argv = classifier_flags(architecture, output_dir, from_scratch=True)
+    scores = run(*argv, *local_files(labelled))
     assert scores["accuracy"] > POSITIVE_SHARE + 0.1, scores
     card = (output_dir / "README.md").read_text()
     assert "from random weights (`--from_scratch`)" in card
@@ -179,16 +172,15 @@ def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_pa
     validation = tmp_path / "dev.jsonl"
     validation.write_text("".join(json.dumps(row) + "\n" for row in pairs(100, seed=1)))
     output_dir = tmp_path / "classifier"
-    flags = classifier_flags(pretrained, output_dir, text_column="sentence1")
-    scores = run(
-        *flags,
-        "--text_pair_column",
-        "sentence2",
-        "--train_file",
-        train,
-        "--validation_file",
-        validation,
+    argv = classifier_flags(
+        pretrained,
+        output_dir,
+        text_column="sentence1",
+        text_pair_column="sentence2",
+        train_file=train,
+        validation_file=validation,
     )
+    scores = run(*argv)
     assert set(scores) == {"accuracy", "f1"}
     assert scores["accuracy"] > POSITIVE_SHARE + 0.2 and scores["f1"] > 0.8, scores
     assert json.loads((output_dir / "eval_results.json").read_text()) == scores
@@ -253,8 +245,8 @@ def test_a_hub_dataset_in_and_the_classifier_out_to_the_hub(
     with FakeHub(TOKEN) as hub:
         connect_this_process(monkeypatch, hub)
         try:
-            flags = classifier_flags(pretrained, output_dir, hub_model_id="tester/sst2")
-            scores = run(*flags, "--dataset_name", dataset, "--dataset_config", "sst2")
+            argv = classifier_flags(pretrained, output_dir, hub_model_id="tester/sst2")
+            scores = run(*argv, "--dataset_name", dataset, "--dataset_config", "sst2")
         finally:
             disconnect_this_process()
     config = json.loads((output_dir / "config.json").read_text())
