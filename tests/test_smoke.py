@@ -1,12 +1,14 @@
-"""The smoke test to put in your own CI: the three scripts chained end to end, as a user runs them.
+"""The smoke test to put in your own CI: the four scripts chained end to end, as a user runs them.
 
     bash run_tests.sh -m smoke   # about a minute on 2 CPU cores, the requirements installed
     bash run_tests.sh --tpu      # the same on TensorFlow's TPU build (requirements-tpu.txt), on CPU
 
 A tiny corpus and model: a tokenizer, train and validation shards, then run_mlm.py on them once with
 the train step compiled by XLA (--jit_compile, the path a TPU takes) and once mirrored over 2 CPU
-replicas (--cpu_replicas 2, the multi-replica path); the saved model answers a fill-mask query. It
-needs none of the session fixtures, so it builds and checks every file the steps hand on.
+replicas (--cpu_replicas 2, the multi-replica path); the saved model answers a fill-mask query, and
+run_classifier.py fine-tunes it on a small labelled set into a model that answers a
+text-classification query. It needs none of the session fixtures, so it builds and checks every
+file the steps hand on.
 
 TensorFlow's TPU build has no XLA compiler for the CPU, so there run_mlm.py must refuse
 --jit_compile with --no_tpu in one line instead (on a TPU, TPUStrategy compiles the step itself).
@@ -108,9 +110,53 @@ def check_trained(output, model):
     assert len(answers) == 5 and all(answer["token_str"] for answer in answers)
 
 
+def write_labelled(path, rows):
+    """A two-class set in GLUE's .tsv layout: a header, then sentence<TAB>label rows."""
+    lines = ["sentence\tlabel", *(f"{text}\t{label}" for text, label in rows)]
+    return write_lines(path, lines)
+
+
+def fine_tune(run_script, model, folder):
+    """Step 4 on the pretrained model: a few labelled sentences whose words carry the label."""
+    words = (["bright", "quiet", "famous", "young"], ["dark", "heavy", "narrow", "old"])
+    rows = [(f"the {words[i % 2][i % 4]} city and the river", i % 2) for i in range(64)]
+    train = write_labelled(folder / "train.tsv", rows)
+    validation = write_labelled(folder / "dev.tsv", rows[:16])
+    classifier = folder / "classifier"
+    output = succeeded(
+        run_script(
+            "run_classifier.py",
+            "--no_tpu",
+            "--model_name_or_path",
+            model,
+            "--train_file",
+            train,
+            "--validation_file",
+            validation,
+            "--max_length",
+            16,
+            "--per_replica_batch_size",
+            16,
+            "--num_epochs",
+            1,
+            "--output_dir",
+            classifier,
+        )
+    )
+    assert "Validation: accuracy" in output, output[-2000:]
+    scores = json.loads((classifier / "eval_results.json").read_text())
+    assert 0.0 <= scores["accuracy"] <= 1.0
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(classifier), framework="tf", dtype=None)
+    (answer,) = classify(["the bright city and the river"])
+    assert answer["label"] in {"LABEL_0", "LABEL_1"} and 0.0 <= answer["score"] <= 1.0, answer
+
+
 def test_two_cpu_replicas(run_script, chain, tmp_path):
     model = tmp_path / "model"
     check_trained(succeeded(run_mlm(run_script, chain, model, "--cpu_replicas", 2)), model)
+    fine_tune(run_script, model, tmp_path)
 
 
 def test_xla(run_script, chain, tmp_path):
