@@ -76,7 +76,7 @@ def parse_args(argv=None):
     add(
         "--dataset_name",
         default="nyu-mll/glue",
-        help="the Hub dataset to read its train and validation splits from (GLUE by default)",
+        help="the Hub dataset whose train and validation splits are the task (GLUE's)",
     )
     add("--dataset_config", default="sst2", help="the dataset's configuration, i.e. its task")
     add(
@@ -95,8 +95,8 @@ def parse_args(argv=None):
     add(
         "--max_length",
         type=positive_int,
-        help=f"tokens every example is cut or padded to (default: {DEFAULT_MAX_LENGTH}, or the "
-        "length the model was pretrained on when shorter)",
+        help=f"tokens every example is cut or padded to; when not given, {DEFAULT_MAX_LENGTH} or "
+        "the length the model was pretrained on if that is shorter",
     )
     # The defaults fine-tune the README's small CPU models on SST-2 in about 5 minutes on 2 cores:
     # 2 epochs of 32 examples a batch at a peak of 3e-4, which beat 1e-4 and 1e-3 on SST-2's
