@@ -77,6 +77,11 @@ def write_lines(path, lines):
     return path
 
 
+def write_tsv(path, rows, header=("sentence", "label")):
+    """A labelled set in GLUE's .tsv layout: a header row, then one tab-separated row each."""
+    return write_lines(path, ["\t".join(header), *("\t".join(map(str, row)) for row in rows)])
+
+
 def read_lines(path):
     """The lines of a text file as the `text` dataset builder sees them (split on \\n only)."""
     text = Path(path).read_text(encoding="utf-8")

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process
-from helpers import flags, make_corpus_lines, tiny_run_flags
+from helpers import flags, make_corpus_lines, tiny_run_flags, write_tsv
 
 import run_classifier
 import run_mlm
@@ -39,12 +39,6 @@ def labelled_rows(count, seed):
         words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
         rows.append((" ".join(words), label))
     return rows
-
-
-def write_tsv(path, rows, header=("sentence", "label")):
-    lines = ["\t".join(header)] + ["\t".join(str(value) for value in row) for row in rows]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ TensorFlow's TPU build has no XLA compiler for the CPU, so there run_mlm.py must
 import json
 
 import pytest
-from helpers import TINY_MODEL, make_corpus_lines, write_lines
+from helpers import TINY_MODEL, make_corpus_lines, write_lines, write_tsv
 
 from mlm_pipeline import contract, tf_startup
 
@@ -110,18 +110,12 @@ def check_trained(output, model):
     assert len(answers) == 5 and all(answer["token_str"] for answer in answers)
 
 
-def write_labelled(path, rows):
-    """A two-class set in GLUE's .tsv layout: a header, then sentence<TAB>label rows."""
-    lines = ["sentence\tlabel", *(f"{text}\t{label}" for text, label in rows)]
-    return write_lines(path, lines)
-
-
 def fine_tune(run_script, model, folder):
     """Step 4 on the pretrained model: a few labelled sentences whose words carry the label."""
     words = (["bright", "quiet", "famous", "young"], ["dark", "heavy", "narrow", "old"])
     rows = [(f"the {words[i % 2][i % 4]} city and the river", i % 2) for i in range(64)]
-    train = write_labelled(folder / "train.tsv", rows)
-    validation = write_labelled(folder / "dev.tsv", rows[:16])
+    train = write_tsv(folder / "train.tsv", rows)
+    validation = write_tsv(folder / "dev.tsv", rows[:16])
     classifier = folder / "classifier"
     output = succeeded(
         run_script(
