@@ -65,6 +65,12 @@ def parse_args(argv=None):
         default=32000,
         help="How many pieces the vocabulary holds, the special tokens included (default: 32000).",
     )
+    add(
+        "--lowercase",
+        action="store_true",
+        help="Lower-case all text before it is split into pieces, in training and in every later "
+        "use of the tokenizer (for tasks whose text is lower-cased, such as GLUE's SST-2).",
+    )
     add("--output_dir", required=True, help="The local folder to save the tokenizer to.")
     add(
         "--overwrite_output_dir",
@@ -140,16 +146,16 @@ def corpus_rows(args, files, source):
     return itertools.islice(corpus.reading_errors_as_usage_errors(rows, source), args.limit)
 
 
-def training_batches(rows, batch_size, vocab_size, counts):
+def training_batches(rows, batch_size, vocab_size, counts, lowercase=False):
     """Batches of the non-blank texts (blank ones carry no tokens and would only skew piece counts),
     then word-end examples of the most frequent words (see word_end_examples); `counts` says how
-    many rows and texts were read."""
+    many rows and texts were read. The words are counted as the normalizer will give them."""
     word_counts = collections.Counter()
     for index, batch in enumerate(corpus.text_batches(corpus.counted(rows, counts), batch_size)):
         counts["texts"] += len(batch)
         if index % WORD_COUNT_STRIDE == 0:
             for text in batch:
-                word_counts.update(text.split())
+                word_counts.update((text.lower() if lowercase else text).split())
         yield batch
     yield word_end_examples(word_counts, int(vocab_size * WORD_END_EXAMPLES_PER_PIECE))  # maybe []
 
@@ -174,14 +180,18 @@ def word_end_examples(word_counts, how_many):
     return sorted(word + SPACE_MARKER for word, _ in frequent if not starts_a_longer_word(word))
 
 
-def build_tokenizer():
-    """The tokenizer as saved: NFKC, stripped, Metaspace pre-tokenizer and decoder, no pieces."""
+def build_tokenizer(lowercase=False):
+    """The tokenizer as saved: NFKC (then lower case, if asked), stripped, Metaspace pre-tokenizer
+    and decoder, no pieces."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.Unigram())
     # NFKC folds look-alike code points (full-width letters, ligatures) so they share pieces. Spaces
     # at either end of a text (or by a special token) separate no words: each would be a bare "▁".
-    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
+    # Lower-casing spends no pieces on capitals ("The", "the"): on lower-cased text, such as
+    # SST-2's, a cased vocabulary's capitalised pieces are never used.
+    steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
+    tokenizer.normalizer = normalizers.Sequence(steps + [normalizers.Strip()])
     metaspace = dict(replacement=SPACE_MARKER, prepend_scheme="always")
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(**metaspace)
     tokenizer.decoder = decoders.Metaspace(**metaspace)
@@ -236,13 +246,13 @@ def canonical_vocabulary(tokenizer_json):
     return tokenizer_json
 
 
-def train_tokenizer(rows, vocab_size, batch_size, counts, source):
+def train_tokenizer(rows, vocab_size, batch_size, counts, source, lowercase=False):
     """Train on the texts of `rows`, fix the vocabulary's order, add [CLS] ... [SEP] and [MASK]."""
     from tokenizers import AddedToken, Tokenizer, processors
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(lowercase)
     tokenizer.pre_tokenizer = training_pre_tokenizer()
-    batches = training_batches(rows, batch_size, vocab_size, counts)
+    batches = training_batches(rows, batch_size, vocab_size, counts, lowercase)
     tokenizer.train_from_iterator(batches, trainer=build_trainer(vocab_size))
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise UsageError(
@@ -284,9 +294,12 @@ def main(args):
         repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--push_to_hub")
     source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"  # a glob as given
     rows = corpus_rows(args, files, source)
-    print(f"Training a Unigram tokenizer of {args.vocab_size} pieces on {source}.")
+    cased = "lower-cased" if args.lowercase else "cased"
+    print(f"Training a {cased} Unigram tokenizer of {args.vocab_size} pieces on {source}.")
     counts = collections.Counter()
-    trained = train_tokenizer(rows, args.vocab_size, args.batch_size, counts, source)
+    trained = train_tokenizer(
+        rows, args.vocab_size, args.batch_size, counts, source, lowercase=args.lowercase
+    )
     tokenizer = wrap_for_transformers(trained)
     names = save(tokenizer, args.output_dir)
     learned = f"learned from {counts['texts']} non-blank of {counts['rows']} rows"

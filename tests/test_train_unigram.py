@@ -70,6 +70,28 @@ def test_text_is_nfkc_normalized(tokenizer):
     assert tokenizer("ｔｈｅ ｒｉｖｅｒ")["input_ids"] == tokenizer("the river")["input_ids"]
 
 
+def test_the_default_tokenizer_keeps_case(tokenizer):
+    assert tokenizer("The river")["input_ids"] != tokenizer("the river")["input_ids"]
+
+
+def test_lowercase_reads_capitals_as_lower_case_and_keeps_mask(corpus, tmp_path):
+    """--lowercase puts Lowercase in the saved normalizer: capitals anywhere, in training and in
+    any later use, give the ids of the lower-cased text, and no piece holds a capital. [MASK] is
+    matched before normalizing, so it stays the mask, not "[mask]" spelled out."""
+    tokenizer = train(corpus["train"], tmp_path / "lower", "--lowercase")
+    capitalised = {piece for piece in tokenizer.get_vocab() if piece != piece.lower()}
+    assert capitalised == {"[CLS]", "[SEP]", "[MASK]"}
+    assert (
+        tokenizer("The RIVER Crossed")["input_ids"] == tokenizer("the river crossed")["input_ids"]
+    )
+    assert tokenizer.unk_token_id not in tokenizer("The RIVER Crossed")["input_ids"]
+    ids = tokenizer("The [MASK] of")["input_ids"]
+    assert ids.count(tokenizer.mask_token_id) == 1 and len(ids) == 5
+    assert tokenizer.decode(tokenizer("The City.")["input_ids"], skip_special_tokens=True) == (
+        "the city."
+    )
+
+
 def test_mask_absorbs_the_space_before_it(tokenizer):
     # A word that is a single piece, so "the <word> of" and "the [MASK] of"
     # should line up token for token.
