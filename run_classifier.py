@@ -123,6 +123,12 @@ def parse_args(argv=None):
         help="the share of the steps over which the learning rate rises to its peak (it then "
         "falls linearly to 0)",
     )
+    add(
+        "--dropout",
+        type=fraction_below_one,
+        help="the dropout rate in the encoder and the new head while fine-tuning; when not given, "
+        "the pretrained config's (the README's CPU recipe pretrains with none)",
+    )
     add("--seed", type=int, default=42, help="seed of the new head's weights and the shuffling")
     add("--hub_model_id", help="also push the classifier to this Hub repository (namespace/name)")
     add("--hub_private", action="store_true", help="create the --hub_model_id repository private")
@@ -203,7 +209,15 @@ def build_dataset(features, labels, batch_size, training, seed):
 
 
 def build_classifier(
-    pretrained, strategy, label_names, total_steps, *, from_scratch, learning_rate, warmup_ratio
+    pretrained,
+    strategy,
+    label_names,
+    total_steps,
+    *,
+    from_scratch,
+    learning_rate,
+    warmup_ratio,
+    dropout,
 ):
     """The pretrained encoder with a new classification head (or the same architecture from random
     weights), and AdamW, made in the strategy's scope, compiled with the cross-entropy of the
@@ -217,6 +231,8 @@ def build_classifier(
     config.id2label = dict(enumerate(label_names))
     config.label2id = {label: index for index, label in enumerate(label_names)}
     config.problem_type = "single_label_classification"
+    if dropout is not None:  # the head's dropout follows hidden_dropout_prob
+        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
     with strategy.scope():
         if from_scratch:
             classifier = TFAutoModelForSequenceClassification.from_config(config)
@@ -316,6 +332,7 @@ def main(args):
         from_scratch=args.from_scratch,
         learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio,
+        dropout=args.dropout,
     )
     start = "random weights" if args.from_scratch else f"the pretrained {args.model_name_or_path}"
     print(

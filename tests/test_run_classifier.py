@@ -110,6 +110,9 @@ def test_the_pretrained_chain_beats_the_majority_class(pretrained, labelled, tmp
     assert set(scores) == {"accuracy"}  # F1 only for two-class pair tasks
     saved = json.loads((output_dir / "eval_results.json").read_text())
     assert saved == scores
+    config = json.loads((output_dir / "config.json").read_text())
+    pretrained_config = json.loads((pretrained / "config.json").read_text())
+    assert config["hidden_dropout_prob"] == pretrained_config["hidden_dropout_prob"]  # no --dropout
     assert {"config.json", "tf_model.h5", "tokenizer.json", "README.md"} <= {
         path.name for path in output_dir.iterdir()
     }
@@ -139,9 +142,11 @@ def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled,
     with pytest.raises(UsageError, match="no TF weights"):
         run(*classifier_flags(architecture, output_dir), *local_files(labelled))
     assert not output_dir.exists()
-    argv = classifier_flags(architecture, output_dir, from_scratch=True)
+    argv = classifier_flags(architecture, output_dir, from_scratch=True, dropout=0.05)
     scores = run(*argv, *local_files(labelled))
     assert scores["accuracy"] > POSITIVE_SHARE + 0.1, scores
+    config = json.loads((output_dir / "config.json").read_text())
+    assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == 0.05
     card = (output_dir / "README.md").read_text()
     assert "from random weights (`--from_scratch`)" in card
 
