@@ -1,23 +1,26 @@
 """Did the pretraining pay off? Validation accuracy on a classification task (SST-2 by default) of
-a bag-of-words baseline, of the tiny config from random weights, and of fine-tuned pretrained
-models, each row the mean and spread over fine-tuning seeds, with its minutes.
+a bag-of-words baseline and of fine-tuned models, pretrained or from random weights, each row the
+mean and spread over fine-tuning seeds, with its minutes, beside the pretraining's own figures.
 
     python benchmarks/downstream.py --train_file sst2/train.tsv --validation_file sst2/dev.tsv \
-        --quickstart_model quickstart_output/model --recipe_model runs/cpu-recipe/model
+        --from_scratch "recipe config, random weights=runs/cpu-recipe/model" \
+        --model "quickstart=quickstart_output/model" --model "CPU recipe=runs/cpu-recipe/model"
 
-Rows: (a) a binary bag of words and logistic regression (tf_keras: TextVectorization multi-hot
+Rows: first a binary bag of words and logistic regression (tf_keras: TextVectorization multi-hot
 features of the training split's words, one softmax layer, Adam), the baseline a pretrained model
-must beat; (b) run_classifier.py --from_scratch: the architecture and tokenizer of --scratch_model
-(by default the recipe's model, else the quickstart's) from random weights; (c) the quickstart's
-model and (d) the model of README's 20-minute CPU recipe, fine-tuned. Each fine-tuning row runs
-run_classifier.py as a user runs it, in a subprocess with its default flags but the data and the
-seed, once per --seeds, and reads the scores from its eval_results.json: there is no second copy of
-the fine-tuning here. Minutes are the wall time of each command, start-up and evaluation included.
-Everything after `--` goes to every run_classifier.py call unchanged (--limit 64 --num_epochs 1
-for a check in seconds; --limit also caps the bag of words' training rows).
+must beat; then one row for each --from_scratch NAME=FOLDER (run_classifier.py --from_scratch: that
+folder's architecture and tokenizer from random weights) and each --model NAME=FOLDER (the
+run_mlm.py output folder fine-tuned), in that order. A model row also shows its pretraining's
+minutes and accuracy at [MASK], the last evaluation in the folder's training_log.csv. Each
+fine-tuning row runs run_classifier.py as a user runs it, in a subprocess with its default flags
+but the data and the seed, once per --seeds, and reads the scores from its eval_results.json: there
+is no second copy of the fine-tuning here. Minutes are the wall time of each command, start-up and
+evaluation included. Everything after `--` goes to every run_classifier.py call unchanged (--limit
+64 --num_epochs 1 for a check in seconds; --limit also caps the bag of words' training rows).
 """
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -43,12 +46,21 @@ def parse_args(argv=None):
     )
     parser.add_argument("--train_file", required=True, help="labelled training examples (.tsv)")
     parser.add_argument("--validation_file", required=True, help="the examples scored (.tsv)")
-    parser.add_argument("--quickstart_model", help="the quickstart's run_mlm.py output folder")
-    parser.add_argument("--recipe_model", help="the 20-minute CPU recipe's output folder")
     parser.add_argument(
-        "--scratch_model",
-        help="the folder whose architecture and tokenizer the from-scratch row trains (default: "
-        "--recipe_model, else --quickstart_model)",
+        "--from_scratch",
+        action="append",
+        default=[],
+        type=named_folder,
+        metavar="NAME=FOLDER",
+        help="a row: FOLDER's architecture and tokenizer trained from random weights; repeatable",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        type=named_folder,
+        metavar="NAME=FOLDER",
+        help="a row: the run_mlm.py output folder FOLDER fine-tuned; repeatable",
     )
     parser.add_argument(
         "--seeds", type=int, nargs="+", default=[0, 1, 2], help="one fine-tuning run per seed"
@@ -61,6 +73,28 @@ def parse_args(argv=None):
         "run_classifier_flags", nargs="*", help="after --: flags for every run_classifier.py call"
     )
     return parser.parse_args(argv)
+
+
+def named_folder(text):
+    """argparse type: "NAME=FOLDER", a row's name in the table and its model folder."""
+    name, equals, folder = text.partition("=")
+    if not (name and equals and folder):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=FOLDER, e.g. 'recipe=runs/model'")
+    return name, folder
+
+
+def pretraining_figures(folder):
+    """(minutes, accuracy at [MASK]) of the last evaluation in the folder's training_log.csv, as
+    run_mlm.py writes it; (None, None) when there is none."""
+    path = Path(folder) / "training_log.csv"
+    if not path.is_file():
+        return None, None
+    with open(path, newline="") as file:
+        evaluated = [line for line in csv.DictReader(file) if line.get("val_mask_token_accuracy")]
+    if not evaluated:
+        return None, None
+    last = evaluated[-1]
+    return float(last["elapsed_minutes"]), float(last["val_mask_token_accuracy"])
 
 
 def passed_on(flags, name):
@@ -110,12 +144,22 @@ def fine_tune(model, output_dir, seed, args, from_scratch=False):
         return json.load(file), minutes
 
 
-def row(name, accuracies, minutes):
-    """A table row: the mean, standard deviation, lowest and highest accuracy, and the mean
-    minutes a run."""
+def row(name, accuracies, minutes, pretraining=(None, None)):
+    """A table row: the pretraining's minutes and accuracy at [MASK] (blank without), then the mean,
+    standard deviation, lowest and highest accuracy, and the mean minutes a run."""
     spread = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
     figures = [statistics.mean(accuracies), spread, min(accuracies), max(accuracies)]
-    return [name, *(f"{value:.3f}" for value in figures), f"{statistics.mean(minutes):.1f}"]
+    pretraining_minutes, mask_accuracy = pretraining
+    before = [
+        "" if pretraining_minutes is None else f"{pretraining_minutes:.1f}",
+        "" if mask_accuracy is None else f"{mask_accuracy:.3f}",
+    ]
+    return [
+        name,
+        *before,
+        *(f"{value:.3f}" for value in figures),
+        f"{statistics.mean(minutes):.1f}",
+    ]
 
 
 def main(args):
@@ -146,28 +190,24 @@ def main(args):
         started = time.perf_counter()
         accuracies.append(bag_of_words(train, validation, len(label_names), seed, args.bow_epochs))
         minutes.append((time.perf_counter() - started) / 60)
-    rows.append(row("(a) bag of words, logistic regression", accuracies, minutes))
+    rows.append(row("bag of words, logistic regression", accuracies, minutes))
 
-    scratch = args.scratch_model or args.recipe_model or args.quickstart_model
-    fine_tuned = [
-        ("(b) tiny config from random weights (--from_scratch)", scratch, True),
-        ("(c) the quickstart's model", args.quickstart_model, False),
-        ("(d) the 20-minute CPU recipe's model", args.recipe_model, False),
-    ]
+    fine_tuned = [(name, folder, True) for name, folder in args.from_scratch]
+    fine_tuned += [(name, folder, False) for name, folder in args.model]
     with tempfile.TemporaryDirectory() as scratch_space:
         output_dir = Path(args.output_dir or scratch_space)
         output_dir.mkdir(parents=True, exist_ok=True)
         for number, (name, model, from_scratch) in enumerate(fine_tuned):
-            if model is None:
-                continue
             results = [
                 fine_tune(model, output_dir / f"row{number}-seed{seed}", seed, args, from_scratch)
                 for seed in args.seeds
             ]
             accuracies = [scores["accuracy"] for scores, _ in results]
-            rows.append(row(name, accuracies, [minutes for _, minutes in results]))
+            pretraining = (None, None) if from_scratch else pretraining_figures(model)
+            rows.append(row(name, accuracies, [minutes for _, minutes in results], pretraining))
             print(f"{name}: {', '.join(f'{value:.4f}' for value in accuracies)}", flush=True)
-    header = ["row", "accuracy", "std", "lowest", "highest", "minutes a run"]
+    header = ["row", "pretraining minutes", "accuracy at [MASK]", "accuracy", "std", "lowest"]
+    header += ["highest", "minutes a run"]
     print(f"\nValidation accuracy over seeds {', '.join(map(str, args.seeds))}:\n")
     print(markdown_table(header, rows))
 
