@@ -20,7 +20,6 @@ evaluation included. Everything after `--` goes to every run_classifier.py call 
 """
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO))  # the package lives at the repository root
 
 from machine import describe_machine, markdown_table  # noqa: E402
 
-from mlm_pipeline import labelled_data, tf_startup  # noqa: E402
+from mlm_pipeline import labelled_data, tf_startup, training_logs  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -86,11 +85,8 @@ def named_folder(text):
 def pretraining_figures(folder):
     """(minutes, accuracy at [MASK]) of the last evaluation in the folder's training_log.csv, as
     run_mlm.py writes it; (None, None) when there is none."""
-    path = Path(folder) / "training_log.csv"
-    if not path.is_file():
-        return None, None
-    with open(path, newline="") as file:
-        evaluated = [line for line in csv.DictReader(file) if line.get("val_mask_token_accuracy")]
+    _, rows = training_logs.read_training_log(training_logs.training_log_path(folder))
+    evaluated = [line for line in rows if line.get("val_mask_token_accuracy")]
     if not evaluated:
         return None, None
     last = evaluated[-1]
