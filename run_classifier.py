@@ -5,7 +5,9 @@ pretraining pay off?
 Loads a run_mlm.py output folder (local, gs://, or a Hub id) as a transformers TF sequence
 classifier, its encoder pretrained and a new classification head on top, and fine-tunes it with
 Keras fit on a Hub dataset (GLUE's SST-2 by default) or local .tsv/.csv/.jsonl files. Every
-example is cut or padded to one length, so the train step compiles once (XLA, TPUs). The saved
+example is cut to --max_length tokens; training batches hold examples of about one length, padded to
+16, 32, 64... tokens, so short sentences cost short steps (on a TPU, or with --pad_to_max_length,
+every batch is padded to --max_length: one shape, one compiled program). The saved
 folder loads with `pipeline("text-classification", model=output_dir)`; eval_results.json holds the
 validation scores, README.md the model card.
 
@@ -50,8 +52,7 @@ from mlm_pipeline.errors import (
 )
 from mlm_pipeline.pretrained_model import PretrainedModel, load_weights
 
-# Most SST-2 sentences fit in 64 tokens of a small Unigram vocabulary; every token more costs time
-# on each step of the run, since every example is padded to the same length.
+# Most SST-2 sentences fit in 64 tokens of a small Unigram vocabulary.
 DEFAULT_MAX_LENGTH = 64
 
 
@@ -97,6 +98,12 @@ def parse_args(argv=None):
         type=positive_int,
         help=f"tokens every example is cut or padded to; when not given, {DEFAULT_MAX_LENGTH} or "
         "the length the model was pretrained on if that is shorter",
+    )
+    add(
+        "--pad_to_max_length",
+        action="store_true",
+        help="pad every training batch to --max_length (always on a TPU), instead of to the "
+        "shortest of 16, 32, 64... tokens that holds its examples",
     )
     # The defaults fine-tune the README's small CPU models on SST-2 in about 5 minutes on 2 cores:
     # 2 epochs of 32 examples a batch at a peak of 3e-4 through the first token's head, no dropout
@@ -185,14 +192,63 @@ def encode(tokenizer, split, max_length, with_token_types):
     return {name: encoded[name] for name in names}
 
 
-def build_dataset(features, labels, batch_size, training, seed):
-    """Batches of (features, labels) with one static shape. Training: shuffled anew every epoch,
-    whole batches only. Evaluation: every example once, in order; the last batch is filled up with
-    copies of the last example, each of weight 0, so it counts nothing but keeps the shape."""
+def length_buckets(max_length):
+    """The lengths a training batch is padded to: 16, 32, 64... below `max_length`, then it."""
+    lengths = [16]
+    while lengths[-1] < max_length:
+        lengths.append(lengths[-1] * 2)
+    return lengths[:-1] + [max_length]
+
+
+def lengths_in_words(lengths):
+    """[16, 32, 64] as "16, 32 or 64"."""
+    return " or ".join(filter(None, [", ".join(map(str, lengths[:-1])), str(lengths[-1])]))
+
+
+def bucket_of_each(features, bucket_lengths):
+    """Each example's bucket: the index of the shortest bucket length that holds its tokens."""
+    import numpy as np
+
+    return np.searchsorted(bucket_lengths, features["attention_mask"].sum(axis=1), side="left")
+
+
+def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
+    """Whole batches an epoch: of all examples, or of each bucket's (its rest is left over)."""
+    import numpy as np
+
+    if bucket_lengths is None:
+        return len(features["input_ids"]) // batch_size
+    return int(sum(np.bincount(bucket_of_each(features, bucket_lengths)) // batch_size))
+
+
+def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=None):
+    """Batches of (features, labels). Training: shuffled anew every epoch, whole batches only; with
+    `bucket_lengths`, each batch is drawn from the examples of one bucket and cut to its length
+    (SST-2's training sentences average 18 tokens: padding them all to 64 would spend most of every
+    step on padding). Evaluation: every example once, in order, in one shape; the last batch is
+    filled up with copies of the last example, each of weight 0, so it counts nothing."""
     import numpy as np
     import tensorflow as tf
 
     labels = np.asarray(labels, dtype=np.int32)
+    if training and bucket_lengths is not None:
+        buckets = bucket_of_each(features, bucket_lengths).astype(np.int64)
+        dataset = tf.data.Dataset.from_tensor_slices((features, labels, buckets))
+        dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
+
+        def cut_to_length(batch, labels, buckets):
+            length = tf.gather(bucket_lengths, buckets[0])
+            return {name: ids[:, :length] for name, ids in batch.items()}, labels
+
+        dataset = dataset.group_by_window(  # a window: `batch_size` examples of one bucket
+            key_func=lambda example, label, bucket: bucket,
+            reduce_func=lambda bucket, window: window.batch(batch_size, drop_remainder=True),
+            window_size=batch_size,
+        )
+        # Its number of batches, known to fit() for its progress and checked as they are drawn.
+        steps = steps_per_epoch_of(features, batch_size, bucket_lengths)
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
+        return dataset.map(cut_to_length).prefetch(tf.data.AUTOTUNE)
     if training:
         dataset = tf.data.Dataset.from_tensor_slices((features, labels))
         dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
@@ -288,6 +344,7 @@ def main(args):
     if args.hub_model_id:  # an unusable Hub stops the run now, not after training
         repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--hub_model_id")
     strategy = build_strategy(args)
+    import tensorflow as tf
     import tf_keras
 
     # The pretrained folder: its config and tokenizer (the weights load with the model, below).
@@ -308,8 +365,7 @@ def main(args):
         limit=args.limit,
     )
     global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
-    steps_per_epoch = len(train) // global_batch_size
-    if steps_per_epoch == 0:
+    if len(train) < global_batch_size:
         raise UsageError(
             f"the batch of {global_batch_size} examples is larger than the {len(train)} training "
             "examples; lower --per_replica_batch_size or add data."
@@ -317,8 +373,22 @@ def main(args):
     with_token_types = pretrained.config.type_vocab_size > 1
     train_features = encode(pretrained.tokenizer, train, max_length, with_token_types)
     eval_features = encode(pretrained.tokenizer, validation, max_length, with_token_types)
+    # A TPU compiles a program for each shape it meets, so there every batch has the one length.
+    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    bucket_lengths = None if args.pad_to_max_length or on_tpu else length_buckets(max_length)
+    steps_per_epoch = steps_per_epoch_of(train_features, global_batch_size, bucket_lengths)
+    if steps_per_epoch == 0:
+        raise UsageError(
+            f"no length of {bucket_lengths} holds {global_batch_size} training examples, a batch: "
+            "pass --pad_to_max_length, or lower --per_replica_batch_size."
+        )
     train_dataset = build_dataset(
-        train_features, train.labels, global_batch_size, training=True, seed=args.seed
+        train_features,
+        train.labels,
+        global_batch_size,
+        training=True,
+        seed=args.seed,
+        bucket_lengths=bucket_lengths,
     )
     eval_dataset = build_dataset(
         eval_features, validation.labels, global_batch_size, training=False, seed=args.seed
@@ -340,7 +410,8 @@ def main(args):
     print(
         f"Fine-tuning {type(classifier).__name__} ({classifier.count_params():,} parameters) from "
         f"{start} on {len(train):,} examples, {len(label_names)} labels: {args.num_epochs} epochs "
-        f"of {steps_per_epoch:,} steps, batches of {global_batch_size} x {max_length} tokens."
+        f"of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
+        f"{lengths_in_words(bucket_lengths or [max_length])} tokens."
     )
 
     # Fit, scored on the validation split after every epoch; then the final scores.

@@ -124,6 +124,7 @@ def test_the_pretrained_chain_beats_the_majority_class(pretrained, labelled, tmp
     assert str(tmp_path) not in card and str(pretrained.parent) not in card
     out = capsys.readouterr().out
     assert f"accuracy {scores['accuracy']:.4f} on 100 examples" in out
+    assert "batches of 16 examples padded to 16 or 32 tokens" in out  # 32: the model's positions
 
     # The saved folder is a text-classification model as transformers' pipeline loads it: its
     # answers agree with the scores the run reported.
@@ -133,22 +134,70 @@ def test_the_pretrained_chain_beats_the_majority_class(pretrained, labelled, tmp
     assert abs(right / len(rows) - scores["accuracy"]) <= 0.02
 
 
-def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled, tmp_path):
+def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled, tmp_path, capsys):
     """--from_scratch takes the architecture alone: a folder without tf_model.h5 does; without the
-    flag, that folder is refused."""
+    flag, that folder is refused. With --pad_to_max_length, every batch has the one length."""
     architecture = tmp_path / "architecture"
     shutil.copytree(pretrained, architecture, ignore=shutil.ignore_patterns("tf_model.h5"))
     output_dir = tmp_path / "from_scratch"
     with pytest.raises(UsageError, match="no TF weights"):
         run(*classifier_flags(architecture, output_dir), *local_files(labelled))
     assert not output_dir.exists()
-    argv = classifier_flags(architecture, output_dir, from_scratch=True, dropout=0.05)
+    argv = classifier_flags(
+        architecture, output_dir, from_scratch=True, dropout=0.05, pad_to_max_length=True
+    )
     scores = run(*argv, *local_files(labelled))
+    assert "batches of 16 examples padded to 32 tokens" in capsys.readouterr().out
     assert scores["accuracy"] > POSITIVE_SHARE + 0.1, scores
     config = json.loads((output_dir / "config.json").read_text())
     assert config["hidden_dropout_prob"] == config["attention_probs_dropout_prob"] == 0.05
     card = (output_dir / "README.md").read_text()
     assert "from random weights (`--from_scratch`)" in card
+
+
+def test_training_batches_hold_one_bucket_each_cut_to_its_length():
+    """Each training batch holds examples of one bucket, cut to its length with all their tokens
+    kept; an epoch draws every example at most once, all but each bucket's last partial batch, in
+    as many batches as the optimizer's schedule counts; the next epoch draws them in a new order."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 65, size=300)
+    attention_mask = (np.arange(64)[None, :] < lengths[:, None]).astype(np.int64)
+    features = {
+        "input_ids": np.where(attention_mask == 1, rng.integers(5, 100, size=(300, 64)), 1),
+        "attention_mask": attention_mask,
+    }
+    buckets = run_classifier.length_buckets(64)
+    assert buckets == [16, 32, 64] and run_classifier.length_buckets(100) == [16, 32, 64, 100]
+    assert run_classifier.length_buckets(16) == [16] and run_classifier.length_buckets(8) == [8]
+    dataset = run_classifier.build_dataset(
+        features, list(range(300)), 8, training=True, seed=0, bucket_lengths=buckets
+    )
+    steps = run_classifier.steps_per_epoch_of(features, 8, buckets)
+    per_bucket = [
+        np.sum((lengths > low) & (lengths <= high)) for low, high in zip([0, 16, 32], buckets)
+    ]
+    assert steps == sum(count // 8 for count in per_bucket) and dataset.cardinality() == steps
+    orders = []
+    for _ in range(2):
+        drawn, cut_to = [], set()
+        for batch, labels in dataset:
+            length, indices = batch["input_ids"].shape[1], labels.numpy()
+            cut_to.add(length)
+            assert length == min(bucket for bucket in buckets if bucket >= lengths[indices].max())
+            np.testing.assert_array_equal(
+                batch["input_ids"], features["input_ids"][indices, :length]
+            )
+            np.testing.assert_array_equal(batch["attention_mask"], attention_mask[indices, :length])
+            drawn.extend(indices)
+        assert len(drawn) == len(set(drawn)) == 8 * steps and cut_to == set(buckets)
+        orders.append(drawn)
+    assert orders[0] != orders[1]
+
+    one_shape = run_classifier.build_dataset(features, list(range(300)), 8, training=True, seed=0)
+    assert {batch["input_ids"].shape[1] for batch, _ in one_shape} == {64}
+    assert one_shape.cardinality() == run_classifier.steps_per_epoch_of(features, 8) == 37
 
 
 def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_path):
@@ -288,6 +337,11 @@ def bad_files(labelled, pretrained, tokenizer_dir, tmp_path_factory):
         "third_label": write_tsv(folder / "third.tsv", [(text, 2) for text, _ in rows[:5]]),
         "header_only": write_tsv(folder / "header.tsv", []),
         "one_label": write_tsv(folder / "one_label.tsv", [(text, 0) for text, _ in rows]),
+        "short_and_long": write_tsv(  # 30 examples of 1 word, 30 of over 20: no bucket holds 40
+            folder / "short_and_long.tsv",
+            [(text.split()[0], label) for text, label in rows[:30]]
+            + [(f"{text} {text}", label) for text, label in rows[30:]],
+        ),
     }
 
 
@@ -333,6 +387,11 @@ REFUSALS = {
     "max_length_beyond_the_positions": (
         "--model_name_or_path {model} --max_length 4096 " + TRAIN,
         ["--max_length 4096 is longer than the", "positions of the model"],
+    ),
+    "a_batch_no_length_fills": (
+        "--model_name_or_path {model} --train_file {short_and_long} --validation_file "
+        "{validation} --per_replica_batch_size 40",
+        ["no length of [16, 32] holds 40 training examples", "--pad_to_max_length"],
     ),
     "an_empty_training_split": (
         "--model_name_or_path {model} --train_file {header_only} --validation_file {validation}",
