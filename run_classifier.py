@@ -337,8 +337,9 @@ def save_classifier(folder, classifier, tokenizer, max_length, card_text, scores
     classifier_folder.write_card_and_scores(folder, card_text, scores)
 
 
-def main(args):
-    """Fine-tune, evaluate and save as the flags say; returns the validation scores."""
+def main(args, callbacks=()):
+    """Fine-tune, evaluate and save as the flags say; returns the validation scores. `callbacks`:
+    Keras callbacks for fit() (benchmarks/classifier_speed.py times the steps with one)."""
     check_args(args)  # a bad flag or output folder is one line, before any work
     repo_id = None
     if args.hub_model_id:  # an unusable Hub stops the run now, not after training
@@ -420,6 +421,7 @@ def main(args):
         train_dataset,
         epochs=args.num_epochs,
         validation_data=eval_dataset,
+        callbacks=list(callbacks),
         verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, a line in a log
     )
     minutes = (time.perf_counter() - started) / 60

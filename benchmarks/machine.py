@@ -1,4 +1,5 @@
-"""What every benchmark shares: the line that says which machine it ran on, and its tables.
+"""What every benchmark shares: the line that says which machine it ran on, its tables, and a
+clock of training steps.
 
 Figures from one run are only compared with figures from the same run: the machines these benchmarks
 run on are shared and noisy, so a ratio measured side by side is what carries over.
@@ -7,6 +8,7 @@ run on are shared and noisy, so a ratio measured side by side is what carries ov
 import importlib.metadata
 import os
 import platform
+import time
 
 import psutil
 
@@ -59,3 +61,21 @@ def shard_sequences(folder, flag):
     batches = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
     batches = batches.map(lambda records: tf.io.parse_example(records, features))
     return np.concatenate([batch[contract.FEATURE_NAME].numpy() for batch in batches]), manifest
+
+
+def step_clock():
+    """A Keras callback that keeps each training step's seconds in `.seconds`."""
+    import tf_keras
+
+    class StepClock(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.began = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seconds.append(time.perf_counter() - self.began)
+
+    return StepClock()

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import describe_machine, markdown_table
+from machine import describe_machine, markdown_table, step_clock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py's folder
@@ -99,24 +99,6 @@ def matmul_ceiling(sizes, repeats=5):
         seconds = min(timeit.repeat(lambda: multiply().numpy(), number=1, repeat=repeats))
         best = max(best, 2 * size**3 / seconds)
     return best
-
-
-def step_clock():
-    """A Keras callback that keeps each training step's seconds in `.seconds`."""
-    import tf_keras
-
-    class StepClock(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.seconds = []
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self.began = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.seconds.append(time.perf_counter() - self.began)
-
-    return StepClock()
 
 
 def run_variant(args, variant, output_dir):

@@ -78,7 +78,17 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
         # a pretrained row also has its pretraining's minutes and accuracy at [MASK]
         assert_row(output, "tiny pretrained", figures=7)
 
+    def classifier_speed(output):
+        assert_row(output, "one length (--pad_to_max_length)", figures=4)
+        assert_row(output, "length buckets", figures=4)
+
     return {
+        "classifier_speed.py": (
+            ["--train_file", pretrained["train"], "--validation_file", pretrained["validation"]]
+            + ["--model", pretrained["model"], "--limit", 64, "--batch_size", 8]
+            + ["--warmup_steps", 2, "--rounds", 1],
+            classifier_speed,
+        ),
         "downstream.py": (
             ["--train_file", pretrained["train"], "--validation_file", pretrained["validation"]]
             + ["--from_scratch", f"random weights={pretrained['model']}"]
