@@ -16,7 +16,8 @@ fine-tuning row runs run_classifier.py as a user runs it, in a subprocess with i
 but the data and the seed, once per --seeds, and reads the scores from its eval_results.json: there
 is no second copy of the fine-tuning here. Minutes are the wall time of each command, start-up and
 evaluation included. Everything after `--` goes to every run_classifier.py call unchanged (--limit
-64 --num_epochs 1 for a check in seconds; --limit also caps the bag of words' training rows).
+64 --per_replica_batch_size 8 --num_epochs 1 for a check in seconds; --limit also caps the bag of
+words' training rows).
 """
 
 import argparse
@@ -135,7 +136,7 @@ def fine_tune(model, output_dir, seed, args, from_scratch=False):
         finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     minutes = (time.perf_counter() - started) / 60
     if finished.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed; its output is in {output_dir}.log")
+        sys.exit(f"{' '.join(map(str, command))} failed; its output is in {output_dir}.log")
     with open(f"{output_dir}/eval_results.json") as file:
         return json.load(file), minutes
 

@@ -93,7 +93,7 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             ["--train_file", pretrained["train"], "--validation_file", pretrained["validation"]]
             + ["--from_scratch", f"random weights={pretrained['model']}"]
             + ["--model", f"tiny pretrained={pretrained['model']}", "--seeds", 0, "--bow_epochs", 1]
-            + ["--", "--limit", 32, "--num_epochs", 1],
+            + ["--", "--limit", 64, "--per_replica_batch_size", 8, "--num_epochs", 1],
             downstream,
         ),
         "tokenizer_efficiency.py": (
