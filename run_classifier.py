@@ -237,9 +237,9 @@ def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=N
         dataset = tf.data.Dataset.from_tensor_slices((features, labels, buckets))
         dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
 
-        def cut_to_length(batch, labels, buckets):
-            length = tf.gather(bucket_lengths, buckets[0])
-            return {name: ids[:, :length] for name, ids in batch.items()}, labels
+        def cut_to_length(batch, batch_labels, batch_buckets):  # one bucket a batch
+            length = tf.gather(bucket_lengths, batch_buckets[0])
+            return {name: ids[:, :length] for name, ids in batch.items()}, batch_labels
 
         dataset = dataset.group_by_window(  # a window: `batch_size` examples of one bucket
             key_func=lambda example, label, bucket: bucket,

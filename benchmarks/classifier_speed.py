@@ -27,12 +27,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from machine import describe_machine, load_average, markdown_table, step_clock
+from machine import (
+    describe_machine,
+    labelled_tsv_splits,
+    load_average,
+    markdown_table,
+    step_clock,
+)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_classifier.py's folder
 import run_classifier  # noqa: E402
-from mlm_pipeline import labelled_data  # noqa: E402
 from mlm_pipeline.pretrained_model import PretrainedModel  # noqa: E402
 
 VARIANTS = {"one length (--pad_to_max_length)": ["--pad_to_max_length"], "length buckets": []}
@@ -57,31 +62,19 @@ def parse_args(argv=None):
 def padded_tokens_a_step(args):
     """Tokens a training step holds, padding included, per variant: counted on the first --limit
     examples with run_classifier.py's encoding and buckets."""
+    import numpy as np
+
     pretrained = PretrainedModel(args.model, weights=False)
-    train, _, _ = labelled_data.load_labelled_splits(
-        dataset_name=None,
-        dataset_config=None,
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        text_column="sentence",
-        text_pair_column=None,
-        label_column="label",
-        limit=args.limit,
-    )
+    train, _, _ = labelled_tsv_splits(args.train_file, args.validation_file, limit=args.limit)
     with_token_types = pretrained.config.type_vocab_size > 1
     features = run_classifier.encode(pretrained.tokenizer, train, args.max_length, with_token_types)
     buckets = run_classifier.length_buckets(args.max_length)
-    per_bucket = [0] * len(buckets)
-    for bucket in run_classifier.bucket_of_each(features, buckets):
-        per_bucket[bucket] += 1
-    steps = run_classifier.steps_per_epoch_of(features, args.batch_size, buckets)
-    bucketed = sum(
-        length * (count // args.batch_size) for length, count in zip(buckets, per_bucket)
-    )
+    examples = np.bincount(run_classifier.bucket_of_each(features, buckets), minlength=len(buckets))
+    batches = examples // args.batch_size  # each bucket's whole batches, as the run draws them
     real = features["attention_mask"].sum() / len(train)
     return {
         "one length (--pad_to_max_length)": args.max_length,
-        "length buckets": bucketed / steps,
+        "length buckets": float(np.dot(buckets, batches) / batches.sum()),
         "without padding": real,
     }
 

@@ -34,9 +34,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the package lives at the repository root
 
-from machine import describe_machine, markdown_table  # noqa: E402
+from machine import describe_machine, labelled_tsv_splits, markdown_table  # noqa: E402
 
-from mlm_pipeline import labelled_data, tf_startup, training_logs  # noqa: E402
+from mlm_pipeline import tf_startup, training_logs  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -166,15 +166,8 @@ def main(args):
 
         tf.config.list_physical_devices()  # the device probing that logs (cuInit without a GPU)
     limit = passed_on(args.run_classifier_flags, "--limit")
-    train, validation, label_names = labelled_data.load_labelled_splits(
-        dataset_name=None,
-        dataset_config=None,
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        text_column="sentence",
-        text_pair_column=None,
-        label_column="label",
-        limit=int(limit) if limit else None,
+    train, validation, label_names = labelled_tsv_splits(
+        args.train_file, args.validation_file, limit=int(limit) if limit else None
     )
     most_frequent = max(range(len(label_names)), key=train.labels.count)
     print(

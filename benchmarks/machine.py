@@ -1,5 +1,5 @@
-"""What every benchmark shares: the line that says which machine it ran on, its tables, and a
-clock of training steps.
+"""What every benchmark shares: the line that says which machine it ran on, its tables, a clock of
+training steps, and the labelled task's local files read as run_classifier.py reads them.
 
 Figures from one run are only compared with figures from the same run: the machines these benchmarks
 run on are shared and noisy, so a ratio measured side by side is what carries over.
@@ -61,6 +61,23 @@ def shard_sequences(folder, flag):
     batches = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
     batches = batches.map(lambda records: tf.io.parse_example(records, features))
     return np.concatenate([batch[contract.FEATURE_NAME].numpy() for batch in batches]), manifest
+
+
+def labelled_tsv_splits(train_file, validation_file, limit=None):
+    """(train, validation, label names) of a task's local files in SST-2's layout (sentence, label),
+    read and checked by the package as run_classifier.py reads them."""
+    from mlm_pipeline import labelled_data
+
+    return labelled_data.load_labelled_splits(
+        dataset_name=None,
+        dataset_config=None,
+        train_file=train_file,
+        validation_file=validation_file,
+        text_column="sentence",
+        text_pair_column=None,
+        label_column="label",
+        limit=limit,
+    )
 
 
 def step_clock():
