@@ -71,6 +71,13 @@ def parse_args(argv=None):
         help="Lower-case all text before it is split into pieces, in training and in every later "
         "use of the tokenizer (for tasks whose text is lower-cased, such as GLUE's SST-2).",
     )
+    add(
+        "--split_hyphens",
+        action="store_true",
+        help="Read a hyphen inside a word as a word of its own (straight-faced as "
+        "straight - faced, WikiText's role @-@ playing as role - playing), in training and in "
+        "every later use.",
+    )
     add("--output_dir", required=True, help="The local folder to save the tokenizer to.")
     add(
         "--overwrite_output_dir",
@@ -146,16 +153,17 @@ def corpus_rows(args, files, source):
     return itertools.islice(corpus.reading_errors_as_usage_errors(rows, source), args.limit)
 
 
-def training_batches(rows, batch_size, vocab_size, counts, lowercase=False):
+def training_batches(rows, batch_size, vocab_size, counts, normalize):
     """Batches of the non-blank texts (blank ones carry no tokens and would only skew piece counts),
     then word-end examples of the most frequent words (see word_end_examples); `counts` says how
-    many rows and texts were read. The words are counted as the normalizer will give them."""
+    many rows and texts were read. The words are counted as `normalize` (the normalizer) gives
+    them."""
     word_counts = collections.Counter()
     for index, batch in enumerate(corpus.text_batches(corpus.counted(rows, counts), batch_size)):
         counts["texts"] += len(batch)
         if index % WORD_COUNT_STRIDE == 0:
             for text in batch:
-                word_counts.update((text.lower() if lowercase else text).split())
+                word_counts.update(normalize(text).split())
         yield batch
     yield word_end_examples(word_counts, int(vocab_size * WORD_END_EXAMPLES_PER_PIECE))  # maybe []
 
@@ -180,17 +188,26 @@ def word_end_examples(word_counts, how_many):
     return sorted(word + SPACE_MARKER for word, _ in frequent if not starts_a_longer_word(word))
 
 
-def build_tokenizer(lowercase=False):
-    """The tokenizer as saved: NFKC (then lower case, if asked), stripped, Metaspace pre-tokenizer
-    and decoder, no pieces."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+def build_tokenizer(lowercase=False, split_hyphens=False):
+    """The tokenizer as saved: NFKC (then hyphens split and lower case, if asked), stripped,
+    Metaspace pre-tokenizer and decoder, no pieces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokenizer = Tokenizer(models.Unigram())
     # NFKC folds look-alike code points (full-width letters, ligatures) so they share pieces. Spaces
     # at either end of a text (or by a special token) separate no words: each would be a bare "▁".
     # Lower-casing spends no pieces on capitals ("The", "the"): on lower-cased text, such as
     # SST-2's, a cased vocabulary's capitalised pieces are never used.
-    steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
+    steps = [normalizers.NFKC()]
+    if split_hyphens:
+        # A Metaspace vocabulary spells a word that follows a hyphen ("faced" in "straight-faced")
+        # with the pieces of a word's middle, rarer than the word's own "▁faced"; WikiText writes
+        # the hyphen as " @-@ ", a word of its own. Both become " - ", so that every word is read
+        # as itself, however the text wrote the hyphen ("--", a dash, stays as it is).
+        steps.append(normalizers.Replace(" @-@ ", " - "))
+        steps.append(normalizers.Replace(Regex(r"(?<=[^\s-])-(?=[^\s-])"), " - "))
+    if lowercase:
+        steps.append(normalizers.Lowercase())
     tokenizer.normalizer = normalizers.Sequence(steps + [normalizers.Strip()])
     metaspace = dict(replacement=SPACE_MARKER, prepend_scheme="always")
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(**metaspace)
@@ -246,13 +263,16 @@ def canonical_vocabulary(tokenizer_json):
     return tokenizer_json
 
 
-def train_tokenizer(rows, vocab_size, batch_size, counts, source, lowercase=False):
+def train_tokenizer(
+    rows, vocab_size, batch_size, counts, source, lowercase=False, split_hyphens=False
+):
     """Train on the texts of `rows`, fix the vocabulary's order, add [CLS] ... [SEP] and [MASK]."""
     from tokenizers import AddedToken, Tokenizer, processors
 
-    tokenizer = build_tokenizer(lowercase)
+    tokenizer = build_tokenizer(lowercase, split_hyphens)
     tokenizer.pre_tokenizer = training_pre_tokenizer()
-    batches = training_batches(rows, batch_size, vocab_size, counts, lowercase)
+    normalize = tokenizer.normalizer.normalize_str
+    batches = training_batches(rows, batch_size, vocab_size, counts, normalize)
     tokenizer.train_from_iterator(batches, trainer=build_trainer(vocab_size))
     if tokenizer.get_vocab_size() <= len(SPECIAL_TOKENS):
         raise UsageError(
@@ -295,10 +315,17 @@ def main(args):
     source = args.train_file or f"{args.dataset_name}/{args.dataset_config}"  # a glob as given
     rows = corpus_rows(args, files, source)
     cased = "lower-cased" if args.lowercase else "cased"
-    print(f"Training a {cased} Unigram tokenizer of {args.vocab_size} pieces on {source}.")
+    hyphens = ", hyphens split," if args.split_hyphens else ""
+    print(f"Training a {cased}{hyphens} Unigram tokenizer of {args.vocab_size} pieces on {source}.")
     counts = collections.Counter()
     trained = train_tokenizer(
-        rows, args.vocab_size, args.batch_size, counts, source, lowercase=args.lowercase
+        rows,
+        args.vocab_size,
+        args.batch_size,
+        counts,
+        source,
+        lowercase=args.lowercase,
+        split_hyphens=args.split_hyphens,
     )
     tokenizer = wrap_for_transformers(trained)
     names = save(tokenizer, args.output_dir)

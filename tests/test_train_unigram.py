@@ -1,5 +1,6 @@
 import csv
 import json
+import random
 import re
 import shutil
 import unicodedata
@@ -90,6 +91,46 @@ def test_lowercase_reads_capitals_as_lower_case_and_keeps_mask(corpus, tmp_path)
     assert tokenizer.decode(tokenizer("The City.")["input_ids"], skip_special_tokens=True) == (
         "the city."
     )
+
+
+def test_split_hyphens_reads_each_part_of_a_hyphenated_word_as_a_word(tmp_path):
+    """--split_hyphens puts the split in the saved normalizer: "straight-faced", and WikiText's
+    "role @-@ playing", give the ids of the words with a hyphen between them, in training (no piece
+    glues a hyphen to letters) and in later use; a dash ("--") and a leading minus stay as written.
+    The default tokenizer, trained on the same text, keeps the hyphenated word whole."""
+    rng = random.Random(0)
+    parts = [
+        "straight",
+        "faced",
+        "well",
+        "made",
+        "role",
+        "playing",
+        "self",
+        "aware",
+        "real",
+        "time",
+    ]
+    lines = make_corpus_lines(300, seed=2)
+    for index in range(200):
+        first, second = rng.sample(parts, 2)
+        hyphen = " @-@ " if index % 2 else "-"
+        lines.append(f"a {first}{hyphen}{second} film -- and -3 degrees , the {second} {first} .")
+    train_file = write_lines(tmp_path / "hyphens.txt", lines)
+    split = train(train_file, tmp_path / "split", "--split_hyphens")
+    kept = train(train_file, tmp_path / "kept")
+
+    def ids(tokenizer, text):
+        return tokenizer(text)["input_ids"]
+
+    assert ids(split, "a straight-faced film") == ids(split, "a straight - faced film")
+    assert ids(split, "a role @-@ playing film") == ids(split, "a role - playing film")
+    assert ids(kept, "a straight-faced film") != ids(kept, "a straight - faced film")
+    normalize = split.backend_tokenizer.normalizer.normalize_str
+    assert normalize("well-made -- a film, -3 and x- y") == "well - made -- a film, -3 and x- y"
+    glued = [piece for piece in split.get_vocab() if "-" in piece and any(map(str.isalpha, piece))]
+    assert glued == []
+    assert "▁-" in split.get_vocab()
 
 
 def test_mask_absorbs_the_space_before_it(tokenizer):
