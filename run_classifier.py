@@ -213,13 +213,19 @@ def bucket_of_each(features, bucket_lengths):
     return np.searchsorted(bucket_lengths, features["attention_mask"].sum(axis=1), side="left")
 
 
-def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
-    """Whole batches an epoch: of all examples, or of each bucket's (its rest is left over)."""
+def batches_per_bucket(features, batch_size, bucket_lengths):
+    """Each bucket's whole batches an epoch (the rest of its examples is left over)."""
     import numpy as np
 
+    examples = np.bincount(bucket_of_each(features, bucket_lengths), minlength=len(bucket_lengths))
+    return examples // batch_size
+
+
+def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
+    """Whole batches an epoch: of all examples, or of each bucket's."""
     if bucket_lengths is None:
         return len(features["input_ids"]) // batch_size
-    return int(sum(np.bincount(bucket_of_each(features, bucket_lengths)) // batch_size))
+    return int(batches_per_bucket(features, batch_size, bucket_lengths).sum())
 
 
 def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=None):

@@ -69,8 +69,7 @@ def padded_tokens_a_step(args):
     with_token_types = pretrained.config.type_vocab_size > 1
     features = run_classifier.encode(pretrained.tokenizer, train, args.max_length, with_token_types)
     buckets = run_classifier.length_buckets(args.max_length)
-    examples = np.bincount(run_classifier.bucket_of_each(features, buckets), minlength=len(buckets))
-    batches = examples // args.batch_size  # each bucket's whole batches, as the run draws them
+    batches = run_classifier.batches_per_bucket(features, args.batch_size, buckets)
     real = features["attention_mask"].sum() / len(train)
     return {
         "one length (--pad_to_max_length)": args.max_length,
