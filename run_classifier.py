@@ -108,9 +108,9 @@ def parse_args(argv=None):
     # The defaults fine-tune the README's small CPU models on SST-2 in 2.5 minutes on 2 cores:
     # 2 epochs of 32 examples a batch at a peak of 3e-4 through the first token's head, no dropout
     # but the pretrained config's. On SST-2's validation split (BENCHMARKS.md) they beat peaks of
-    # 1e-4 and 1e-3, dropout 0.1, one or three epochs, 128 tokens, and a head on the mean of the
-    # token states, and tie batches of 16. A base-size model wants a lower peak (BERT: 2e-5 to
-    # 5e-5) and its dropout of 0.1.
+    # 1e-4, 2e-4 and 1e-3, dropout 0.1, one or three epochs, 128 tokens, and a head on the mean of
+    # the token states, and tie batches of 16 and peaks of 5e-4 and 7e-4. A base-size model wants a
+    # lower peak (BERT: 2e-5 to 5e-5) and its dropout of 0.1.
     add = parser.add_argument_group("training").add_argument
     add("--output_dir", required=True, help="where the classifier is saved (local or gs://)")
     add(
