@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Step 2 of 3: tokenize a text split, pack it into fixed-length sequences, write TFRecord shards.
+"""Step 2 of 4: tokenize a text split, pack it into fixed-length sequences, write TFRecord shards.
 
 Each non-blank line (a document or paragraph) is tokenized as `[CLS] tokens [SEP]`. The split is
 read in blocks of --rows_per_block input rows (blank ones count too; a block never spans two input

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Step 4: fine-tune the pretrained model on a text classification task and score it: did the
+"""Step 4 of 4: fine-tune the pretrained model on a text classification task and score it: did the
 pretraining pay off?
 
 Loads a run_mlm.py output folder (local, gs://, or a Hub id) as a transformers TF sequence

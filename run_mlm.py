@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Step 3 of 3: pretrain a masked language model from scratch on TFRecord shards (TPU, GPU, CPU).
+"""Step 3 of 4: pretrain a masked language model from scratch on TFRecord shards (TPU, GPU, CPU).
 
 Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py; masking in tf.data; a
 transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at the masked positions

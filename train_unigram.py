@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Step 1 of 3: train a Unigram tokenizer for masked-language-model pretraining.
+"""Step 1 of 4: train a Unigram tokenizer for masked-language-model pretraining.
 
 Trained with 🤗 tokenizers on a text corpus, saved as a folder that AutoTokenizer loads as a fast
 tokenizer (special tokens [CLS] <pad> [SEP] <unk> [MASK] at ids 0-4), optionally pushed to the Hub.

@@ -1,4 +1,4 @@
-"""The file contract between the three scripts: what each writes, under which names, and how the
+"""The file contract between the four scripts: what each writes, under which names, and how the
 next reads it.
 
     train_unigram.py --output_dir TOK
