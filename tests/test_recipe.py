@@ -290,8 +290,11 @@ def test_warmup_evaluates_at_full_length_at_the_switch_and_the_end(uninterrupted
     assert "held, then linear decay to 0 over the last 0.25 of the steps" in card
     assert "30% of the non-special tokens" in card and "(evaluation: 15%, token by token)" in card
     assert all(np.isfinite(logs["val_loss"]))
-    log = (output_dir / contract.TRAINING_LOG_NAME).read_text().splitlines()
-    assert len({row.split(",")[0] for row in log[1:]}) == len(log) - 1  # each epoch once in the CSV
+    _, rows = training_logs.read_training_log(str(output_dir / contract.TRAINING_LOG_NAME))
+    # a row for each evaluation, the switch's too, in the epoch of the data its step falls in
+    assert [(row["epoch"], int(row["step"])) for row in rows] == [
+        ("0", step) for step in logs["step"]
+    ]
 
 
 def test_a_warmup_run_prints_one_epoch_sequence_and_the_steps_left(
