@@ -33,14 +33,18 @@ def schedule_line(
     first_step, _, _, steps = calls[0]
     first = first_step + steps
     what = "evaluation" if evaluates else "row of training_log.csv"
-    line += f"; {'first' if start_step == 0 else 'next'} {what} after step {first:,}"
+    line += f"; {'first' if start_step == 0 else 'next'} {what} after step {first:,}, then "
     if steps_per_evaluation == steps_per_epoch:
-        line += ", then at each epoch end"
+        later = ["at each epoch end"]
     else:
-        line += f", then every {steps_per_evaluation:,} steps"
+        later = [f"every {steps_per_evaluation:,} steps"]
     if first < phase_end < total_steps and phase_end % steps_per_evaluation:
-        line += f" and at step {phase_end:,}, where the sequence-length warmup ends"
-    return line + "."
+        later.append(f"after step {phase_end:,} (the sequence-length warmup's end)")
+    if first < total_steps and total_steps % steps_per_evaluation:
+        later.append(f"after step {total_steps:,}, the last")
+    return (
+        line + " and ".join([", ".join(later[:-1]), later[-1]] if len(later) > 1 else later) + "."
+    )
 
 
 def evaluation_batches(batches_in_split, sequences_in_split, global_batch_size, max_eval_samples):

@@ -141,7 +141,8 @@ def test_the_first_lines_say_the_batch_the_epoch_and_the_first_evaluation(straig
     epochs = re.escape(f"{total / per_epoch:.2f}")
     schedule = (
         rf"^An epoch \(a pass over the data\) is {per_epoch} steps; {total} steps = {epochs} "
-        rf"epochs; first evaluation after step {EVAL_STEPS}, then every {EVAL_STEPS} steps\.$"
+        rf"epochs; first evaluation after step {EVAL_STEPS}, then every {EVAL_STEPS} steps and "
+        rf"after step {total}, the last\.$"
     )
     assert [line for line in lines if re.match(schedule, line)], lines[:10]
     # before the first step: the lines come ahead of any progress
@@ -222,8 +223,18 @@ def test_a_resumed_run_keeps_the_cadence_without_a_row_twice_or_missing(
             10,
             15,
             "An epoch (a pass over the data) is 10 steps; 30 steps = 3 epochs; first evaluation "
-            "after step 10, then at each epoch end and at step 15, where the sequence-length "
-            "warmup ends.",
+            "after step 10, then at each epoch end and after step 15 (the sequence-length "
+            "warmup's end).",
+        ),
+        (
+            0,
+            105,
+            40,
+            10,
+            35,
+            "An epoch (a pass over the data) is 40 steps; 105 steps = 2.62 epochs; first "
+            "evaluation after step 10, then every 10 steps, after step 35 (the sequence-length "
+            "warmup's end) and after step 105, the last.",
         ),
         (
             30,
