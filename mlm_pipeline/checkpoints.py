@@ -136,9 +136,9 @@ def checkpoint_callback(manager, save_steps, training_log=None, steps_per_epoch=
                 self.save()
 
         def on_epoch_end(self, epoch, logs=None):
-            if (
-                training_log
-            ):  # fit()'s `epoch` counts its epochs; a row names the pass over the data
+            # fit()'s `epoch` counts its own epochs (--eval_steps long, maybe); a row names the
+            # pass over the data
+            if training_log:
                 epoch = epoch_of_step(self.step(), steps_per_epoch)
             if self.step() != self.saved_step:
                 if training_log:
