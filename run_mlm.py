@@ -93,7 +93,14 @@ def parse_args(argv=None):
     )
     add(
         "--eval_dataset",
-        help="Folder of evaluation shards, scored at the end of every epoch (local or gs://).",
+        help="Folder of evaluation shards, scored at the end of every epoch, or every "
+        "--eval_steps steps (local or gs://).",
+    )
+    add(
+        "--max_eval_samples",
+        type=positive_int,
+        help="Score only the first this many sequences of --eval_dataset, in whole global "
+        "batches (on several hosts, each host's first share); all of them when not given.",
     )
     add("--tokenizer", required=True, help="The shards' tokenizer: a folder or a Hub id.")
     add(
@@ -261,11 +268,18 @@ def parse_args(argv=None):
         help="Steps run by one call to the device: more hide the host's overhead (TPUs).",
     )
     add(
+        "--eval_steps",
+        type=positive_int,
+        help="Evaluate every this many optimizer steps, whatever the epochs, and there write the "
+        "TensorBoard and training_log.csv figures, a checkpoint and the Hub snapshot; when not "
+        "given, at every epoch end.",
+    )
+    add(
         "--save_steps",
         type=non_negative_int,
         default=1000,
-        help="Save a checkpoint every this many steps, and at every epoch end; 0: at epoch ends "
-        "only.",
+        help="Save a checkpoint every this many steps, and at every evaluation (every epoch end, "
+        "or --eval_steps); 0: at evaluations only.",
     )
     add(
         "--save_total_limit",
@@ -700,6 +714,7 @@ def fit_exact_steps(
     steps_per_epoch,
     *,
     phase_end=0,
+    numbered=True,
     validation_data=None,
     validation_steps=None,
     callbacks=(),
@@ -709,8 +724,10 @@ def fit_exact_steps(
     ending mid-epoch (resumed, --max_steps) gets a fit() call for that part, as does each side of
     `phase_end` (the sequence-length warmup's switch): each call's shapes are fixed (segments.py).
     `train_dataset_from(step)` continues the data stream where the last call, or a killed run,
-    stopped. The epochs are numbered as one run across the calls (training_logs.py)."""
-    progress = training_logs.progress_callback(steps_to_run.stop, steps_per_epoch)
+    stopped: an endless stream, so a fit() epoch of `steps_per_epoch` steps need not be a pass over
+    the data (--eval_steps; then `numbered` False). The epochs are numbered as one run across the
+    calls (training_logs.py)."""
+    progress = training_logs.progress_callback(steps_to_run.stop, steps_per_epoch, numbered)
     verbose = 1 if sys.stdout.isatty() else 2  # a progress bar on a terminal, a line in a log
     logs = {}
     for first_step, epoch, epochs, steps_per_call in segments.fit_segments(
@@ -752,13 +769,20 @@ def check_args(args):
     args.no_tpu = args.no_tpu or args.multi_worker
     hosts.check_hardware_flags(args.no_tpu, args.multi_worker, args.cpu_replicas, args.jit_compile)
     hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-from-scratch")
+    if args.max_eval_samples and not args.eval_dataset:
+        raise UsageError(
+            f"--max_eval_samples {args.max_eval_samples} limits the evaluation, which needs "
+            "--eval_dataset: give the evaluation shards, or drop --max_eval_samples."
+        )
     paths = {"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset}
     storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=["--output_dir"])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
         output_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
 
-def start_training_run(args, strategy, config, tokenizer, manifests, plan, total_steps):
+def start_training_run(
+    args, strategy, config, tokenizer, manifests, plan, total_steps, phase_end, evaluation
+):
     """The run's plumbing (training_run.py): output folder, resume, Hub pushes. Its pusher replaces
     the 🤗 TPU example's PushToHubCallback, which in transformers 4.57 clones the Hub repository
     with git into --output_dir (so never gs://) and has hung at the end of training: this one
@@ -782,6 +806,9 @@ def start_training_run(args, strategy, config, tokenizer, manifests, plan, total
         hub_model_id=args.hub_model_id,
         hub_private=args.hub_private,
         hub_push_timeout=args.hub_push_timeout,
+        steps_per_evaluation=args.eval_steps,
+        phase_end=phase_end,
+        evaluation=evaluation,
     )
 
 
@@ -803,6 +830,18 @@ def main(args, callbacks=()):
     short_steps, pieces = sequence_length_warmup(
         max_length, total_steps, args.short_sequence_length, args.short_sequence_ratio
     )
+    # fit()'s epochs: passes over the data, or --eval_steps steps of the endless training stream.
+    # Each ends with the evaluation, its scalars and row of training_log.csv, a checkpoint and the
+    # Hub snapshot.
+    steps_per_evaluation = args.eval_steps or train_plan.steps_per_epoch
+    eval_batches, evaluation = None, None
+    if eval_plan:  # --max_eval_samples: the first whole batches only
+        eval_batches, evaluation = segments.evaluation_batches(
+            eval_plan.steps_per_epoch,
+            manifests[1]["records"],
+            eval_plan.global_batch_size,
+            args.max_eval_samples,
+        )
 
     def masked_batches(plan, training, start_step=0, pieces=1):
         """Every replica's masked batches from optimizer step `start_step` on: one input pipeline
@@ -845,7 +884,17 @@ def main(args, callbacks=()):
         trust_remote_code=args.trust_remote_code,
         pytorch_export=not args.no_pytorch_export,
     )
-    run = start_training_run(args, strategy, config, tokenizer, manifests, train_plan, total_steps)
+    run = start_training_run(
+        args,
+        strategy,
+        config,
+        tokenizer,
+        manifests,
+        train_plan,
+        total_steps,
+        phase_end=short_steps,
+        evaluation=evaluation,
+    )
     masked_lm, trainer = build_model(
         config,
         strategy,
@@ -871,10 +920,11 @@ def main(args, callbacks=()):
             trainer,
             train_dataset_from,
             range(start_step, total_steps),
-            train_plan.steps_per_epoch,
+            steps_per_evaluation,
             phase_end=short_steps,
+            numbered=not args.eval_steps,
             validation_data=eval_dataset,
-            validation_steps=eval_plan.steps_per_epoch if eval_plan else None,
+            validation_steps=eval_batches,
             callbacks=run.callbacks(args.save_steps, args.logging_steps) + list(callbacks),
         )
     if run.chief:  # one process writes the model: staged, then published with config.json last

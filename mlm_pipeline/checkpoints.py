@@ -1,11 +1,12 @@
 """run_mlm.py's checkpoints: saved during fit(), and restored when a run is resumed.
 
-A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every epoch end.
-Running the same command again resumes from the newest checkpoint: the weights, the optimizer's
-moments and its step count, which is also the position of the learning-rate schedule and of the
-data stream. Each epoch's row of training_log.csv is written after the checkpoint that ends the
-epoch, and a copy of it is saved just before that checkpoint, so that a run killed in between writes
-the row when it resumes: one row per epoch, none missing, none twice.
+A run writes <output_dir>/checkpoints every --save_steps optimizer steps and at every evaluation
+(each epoch end, or every --eval_steps steps). Running the same command again resumes from the
+newest checkpoint: the weights, the optimizer's moments and its step count, which is also the
+position of the learning-rate schedule and of the data stream. Each evaluation's row of
+training_log.csv is written after the checkpoint that follows the evaluation, and a copy of it is
+saved just before that checkpoint, so that a run killed in between writes the row when it resumes:
+one row per evaluation, none missing, none twice.
 """
 
 import json
@@ -14,9 +15,9 @@ import tempfile
 from .contract import CHECKPOINT_DIR
 from .errors import UsageError, first_line
 from .storage import write_whole
-from .training_logs import read_training_log, training_log_path, write_epoch_row
+from .training_logs import epoch_of_step, read_training_log, training_log_path, write_epoch_row
 
-# Beside the checkpoints: the training_log.csv row of the epoch the newest epoch-end one ends.
+# Beside the checkpoints: the training_log.csv row of the evaluation the newest one follows.
 EPOCH_ROW_NAME = "epoch_row.json"
 
 
@@ -31,8 +32,8 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
     A checkpoint holds the weights and the optimizer: its moments and its step count, which is also
     the learning-rate schedule's position and, through the data stream's seeds, the position in the
     data. `keep`: how many checkpoints the manager keeps (--save_total_limit). On the `chief`, the
-    epoch that checkpoint ends gets its row of training_log.csv if the interrupted run was killed
-    before writing it.
+    evaluation that checkpoint follows gets its row of training_log.csv if the interrupted run was
+    killed before writing it.
     """
     import tensorflow as tf
 
@@ -54,7 +55,8 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
 
 
 def log_epoch_of_checkpoint(output_dir, step):
-    """Write the row of the epoch the checkpoint of `step` ends, if training_log.csv lacks it."""
+    """Write the row of the evaluation the checkpoint of `step` follows, if training_log.csv lacks
+    it."""
     import tensorflow as tf
 
     path = f"{checkpoint_dir(output_dir)}/{EPOCH_ROW_NAME}"
@@ -63,8 +65,8 @@ def log_epoch_of_checkpoint(output_dir, step):
     with tf.io.gfile.GFile(path) as file:
         saved = json.load(file)
     log = training_log_path(output_dir)
-    if saved["step"] == step and str(saved["epoch"]) not in {
-        row["epoch"] for row in read_training_log(log)[1]
+    if saved["step"] == step and str(step) not in {
+        row["step"] for row in read_training_log(log)[1]
     }:
         write_epoch_row(log, saved["epoch"], saved["logs"])
 
@@ -83,13 +85,14 @@ def scratch_manager(manager):
     )
 
 
-def checkpoint_callback(manager, save_steps, training_log=None):
+def checkpoint_callback(manager, save_steps, training_log=None, steps_per_epoch=None):
     """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never)
-    and at the end of every epoch, the epoch's last step included: it waits for the epoch's
-    evaluation.
+    and at the end of every fit() epoch (a pass over the data, or --eval_steps steps), the epoch's
+    last step included: it waits for the epoch's evaluation.
 
-    `training_log`: on the chief, the path of training_log.csv, which gets each epoch's row once the
-    checkpoint that ends the epoch is saved; a copy of the row is saved first, beside the
+    `training_log`: on the chief, the path of training_log.csv, which gets each fit() epoch's row
+    once the checkpoint that ends it is saved, in the column `epoch` the pass over the data (of
+    `steps_per_epoch` steps) its last step falls in; a copy of the row is saved first, beside the
     checkpoints, for a run killed between the two (restore_checkpoint writes it then).
     """
     import tf_keras
@@ -133,6 +136,10 @@ def checkpoint_callback(manager, save_steps, training_log=None):
                 self.save()
 
         def on_epoch_end(self, epoch, logs=None):
+            # fit()'s `epoch` counts its own epochs (--eval_steps long, maybe); a row names the
+            # pass over the data
+            if training_log:
+                epoch = epoch_of_step(self.step(), steps_per_epoch)
             if self.step() != self.saved_step:
                 if training_log:
                     row = {"step": self.step(), "epoch": epoch, "logs": dict(logs or {})}

@@ -162,8 +162,8 @@ class HubPusher:
         disable_progress_bars()
         self.upload = None  # the worker thread of the latest background push
         print(
-            f"Pushing to the Hub repository {self.repo_id}: a snapshot at each epoch end, the "
-            "final model last."
+            f"Pushing to the Hub repository {self.repo_id}: a snapshot at each row of "
+            "training_log.csv, the final model last."
         )
 
     def uploading(self):
@@ -220,10 +220,11 @@ class HubPusher:
                 step = int(self.model.optimizer.iterations.numpy())
                 if step >= total_steps:
                     return
-                message = f"Epoch {epoch + 1}: step {step} of {total_steps}"
+                # fit()'s epochs may be --eval_steps long: the step says where training is
+                message = f"Step {step} of {total_steps}"
                 if not pusher.push_in_background(self.model, dict(logs or {}), message):
                     print(
-                        f"Skipped the Hub push of epoch {epoch + 1}: the previous push is still "
+                        f"Skipped the Hub push of step {step}: the previous push is still "
                         "uploading."
                     )
 

@@ -246,7 +246,8 @@ def model_card(
         "## Results",
         "",
         f"After {steps:,} steps, {steps * global_batch_size * max_length:,} tokens seen. Train "
-        "figures are the means over the last epoch; all of them count the masked positions only.",
+        "figures are the means over the steps of training_log.csv's last row; all of them "
+        "count the masked positions only.",
         "",
         "| metric | train | evaluation |",
         "|---|---|---|",

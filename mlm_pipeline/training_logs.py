@@ -1,9 +1,10 @@
 """What run_mlm.py reports as it trains: the progress of the run, TensorBoard scalars, the CSV log,
 the curves PNG, the summary line (the metrics themselves are in metrics.py).
 
-Each epoch's figures go to <output_dir>/training_log.csv (one
-row per epoch, across resumed runs; checkpoints.py decides when a row is written) and, with the
-learning rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
+The figures of each evaluation (at every epoch end, or every --eval_steps steps) go to
+<output_dir>/training_log.csv (one row per evaluation, across resumed runs, with its optimizer step
+and the epoch it falls in; checkpoints.py decides when a row is written) and, with the learning
+rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends with
 <output_dir>/training_curves.png and one summary line.
 """
 
@@ -41,9 +42,11 @@ def epoch_summary_callback():
     return EpochSummary()
 
 
-def progress_callback(total_steps, steps_per_epoch):
+def progress_callback(total_steps, steps_per_epoch, numbered=True):
     """Keras' progress bar, its epochs numbered as one sequence for the whole run, and after each
-    epoch a line of the steps left and about how long they will take.
+    epoch a line of the steps left and about how long they will take. `numbered` False: no `Epoch
+    4/8` lines, for fit() epochs that are not passes over the data (--eval_steps); the lines of the
+    steps left mark their ends.
 
     fit_exact_steps calls fit() once per segment of fixed shape, and each call counts its epochs
     to its own end (`Epoch 4/4`, then `Epoch 5/8`); this numbers every epoch out of the run's
@@ -66,7 +69,8 @@ def progress_callback(total_steps, steps_per_epoch):
 
         def set_params(self, params):
             super().set_params(params)
-            self.epochs = epochs  # the run's epochs, not this fit() call's
+            # the run's epochs, not this fit() call's; Keras numbers none when there is one
+            self.epochs = epochs if numbered else 1
 
         def step(self):
             return int(self.model.optimizer.iterations.numpy())
@@ -123,16 +127,24 @@ def read_training_log(path):
     return list(reader.fieldnames or []), rows
 
 
-def write_epoch_row(path, epoch, logs):
-    """Log an epoch's figures (`logs`, as fit() gives them) as its row of the training_log.csv at
-    `path`.
+def epoch_of_step(step, steps_per_epoch):
+    """The epoch (0, 1, ...: the pass over the data) whose batches optimizer step `step` (1, 2, ...)
+    trains on: the column `epoch` of training_log.csv."""
+    return (step - 1) // steps_per_epoch
 
-    The file is rewritten whole, one row per epoch in order: rows of this epoch or later ones,
-    logged before an interruption and trained again since, give way to this row; a column the
-    earlier rows lack (a rerun given --eval_dataset) is added, empty in them.
+
+def write_epoch_row(path, epoch, logs):
+    """Log an evaluation's figures (`logs`, as fit() gives them at an epoch end of its own, with
+    their optimizer step) as a row of the training_log.csv at `path`, in the `epoch` (the pass over
+    the data) of that step.
+
+    The file is rewritten whole, one row per step in order: rows of this step or later ones, logged
+    before an interruption and trained again since, give way to this row; a column the earlier rows
+    lack (a rerun given --eval_dataset) is added, empty in them.
     """
     columns, rows = read_training_log(path)
-    rows = [row for row in rows if int(row["epoch"]) < epoch] + [{"epoch": epoch, **logs}]
+    step = int(logs["step"])
+    rows = [row for row in rows if int(row["step"]) < step] + [{"epoch": epoch, **logs}]
     columns += [name for name in ["epoch", *sorted(logs)] if name not in columns]
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, restval="", lineterminator="\n")

@@ -29,6 +29,10 @@ class TrainingRun:
     `recipe`: the settings that shape the batches and the optimizer (a resumed run must have the
     same); the model card also shows `card_settings` and `paths`. `save_model(folder,
     masked_lm)` writes the model files of a Hub snapshot; `hub_model_id` None: no pushes.
+    `steps_per_evaluation`: the steps of a fit() epoch, which ends with the evaluation
+    (--eval_steps; None: an epoch of the data); `phase_end`: the sequence-length warmup's last
+    step; `evaluation`: the line that says what each evaluation scores (None: no evaluation split).
+    The three are for the lines that open the run.
     """
 
     def __init__(
@@ -48,9 +52,14 @@ class TrainingRun:
         hub_model_id=None,
         hub_private=False,
         hub_push_timeout=hub.FINAL_PUSH_TIMEOUT,
+        steps_per_evaluation=None,
+        phase_end=0,
+        evaluation=None,
     ):
         self.strategy, self.plan, self.output_dir = strategy, plan, output_dir
         self.total_steps = total_steps
+        self.steps_per_evaluation = steps_per_evaluation or plan.steps_per_epoch
+        self.phase_end, self.evaluation = phase_end, evaluation
         self.max_length = manifests[0]["max_length"]
         self.tokens_per_step = plan.global_batch_size * self.max_length
         # card(trainer, metrics): the model card after the steps `trainer` has taken so far
@@ -87,15 +96,28 @@ class TrainingRun:
         self.manager, self.start_step = checkpoints.restore_checkpoint(
             self.output_dir, masked_lm, optimizer, keep=save_total_limit, chief=self.chief
         )
+        replicas, batch = self.strategy.num_replicas_in_sync, self.plan.global_batch_size
         print(
             f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters) on "
-            f"{self.strategy.num_replicas_in_sync} replica(s) of {type(self.strategy).__name__}: "
-            f"{segments.steps_in_epochs(self.total_steps, self.plan.steps_per_epoch)}, batches of "
-            f"{self.plan.global_batch_size} x {self.max_length} tokens."
+            f"{replicas} replica{'s' if replicas > 1 else ''} of {type(self.strategy).__name__}: "
+            f"a global batch of {batch:,} sequences ({batch // replicas:,} a replica) x "
+            f"{self.max_length} tokens = {self.tokens_per_step:,} tokens a step."
         )
         if self.start_step:
             checkpoint, step = self.manager.latest_checkpoint, self.start_step
             print(f"Resuming from {checkpoint} at step {step} of {self.total_steps}.")
+        print(
+            segments.schedule_line(
+                self.start_step,
+                self.total_steps,
+                self.plan.steps_per_epoch,
+                self.steps_per_evaluation,
+                phase_end=self.phase_end,
+                evaluates=self.evaluation is not None,
+            )
+        )
+        if self.evaluation:
+            print(self.evaluation)
         if not self.chief:
             self.manager = checkpoints.scratch_manager(self.manager)
         return self.start_step
@@ -103,9 +125,10 @@ class TrainingRun:
     def callbacks(self, save_steps, logging_steps):
         """fit()'s callbacks besides the steps.
 
-        A checkpoint every `save_steps` optimizer steps and at every epoch end; TensorBoard scalars
-        every `logging_steps` steps and after each epoch. On the chief alone: each epoch as a row of
-        training_log.csv, written once the epoch's checkpoint is saved, and a Hub snapshot pushed in
+        A checkpoint every `save_steps` optimizer steps and at every fit() epoch end (an epoch of
+        the data, or --eval_steps steps: where the evaluation comes); TensorBoard scalars every
+        `logging_steps` steps and after each fit() epoch. On the chief alone: each fit() epoch as a
+        row of training_log.csv, written once its checkpoint is saved, and a Hub snapshot pushed in
         the background.
         """
         # the epoch summary first: it completes the epoch's logs the others read
@@ -118,7 +141,11 @@ class TrainingRun:
             )
         )
         training_log = training_logs.training_log_path(self.output_dir) if self.chief else None
-        callbacks.append(checkpoints.checkpoint_callback(self.manager, save_steps, training_log))
+        callbacks.append(
+            checkpoints.checkpoint_callback(
+                self.manager, save_steps, training_log, self.plan.steps_per_epoch
+            )
+        )
         return callbacks
 
     def finish(self, trainer, logs):

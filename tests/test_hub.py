@@ -123,7 +123,8 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     # Epoch 1's snapshot, nothing at epoch 2 (its push was skipped: epoch 1's still
     # ran), then the final model.
     snapshot, final = hub.commits("tester/mlm")
-    assert "Skipped the Hub push of epoch 2" in capsys.readouterr().out
+    per_epoch = read_manifest(shards_dir / "train")["records"] // BATCH_SIZE
+    assert f"Skipped the Hub push of step {2 * per_epoch}" in capsys.readouterr().out
     # The TF model, its tokenizer and card, and the PyTorch copy in a folder of its
     # own, as save() lays them out.
     names = {"config.json", *TOKENIZER_FILES, contract.PYTORCH_WEIGHTS_NAME}
@@ -132,7 +133,8 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     assert set(snapshot.files) == published and set(final.files) == published | {
         contract.CURVES_NAME
     }
-    assert snapshot.message.startswith("Epoch 1:") and final.message.startswith("Final model:")
+    assert snapshot.message == f"Step {per_epoch} of {3 * per_epoch}"
+    assert final.message.startswith("Final model:")
     assert "Training in progress" in snapshot.files["README.md"].decode()
     # two more epochs changed the weights
     assert snapshot.files["tf_model.h5"] != final.files["tf_model.h5"]
@@ -171,6 +173,40 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
     assert f"| {train['records']:,} |" in card and f"| {validation['records']:,} |" in card
     assert f"{len(tokenizer):,} tokens in its vocabulary" in card and "| 1 / 32 / 2 |" in card
     assert 'pipeline("fill-mask", model="tester/mlm"' in card
+
+
+def test_run_mlm_pushes_a_snapshot_at_each_evaluation_of_eval_steps(
+    connect, shards_dir, tokenizer_dir, tmp_path
+):
+    import tf_keras
+
+    total, eval_steps = 10, 4
+    with FakeHub(TOKEN) as hub:
+        connect(hub)
+
+        class WaitForEachPush(tf_keras.callbacks.Callback):
+            # after the pusher's callback: the snapshot lands before training goes on, so that no
+            # push is skipped for a slow upload
+            def on_epoch_end(self, epoch, logs=None):
+                step = int(self.model.optimizer.iterations.numpy())
+                deadline = time.monotonic() + HOLD_LIMIT_SECONDS
+                while step < total and len(hub.commits("tester/mlm")) < step // eval_steps:
+                    assert time.monotonic() < deadline, f"no snapshot of step {step}"
+                    time.sleep(0.05)
+
+        argv = run_mlm_argv(
+            shards_dir,
+            tokenizer_dir,
+            tmp_path,
+            *("--max_steps", total, "--eval_steps", eval_steps, "--no_pytorch_export"),
+            *("--hub_model_id", "tester/mlm"),
+        )
+        run_mlm.main(run_mlm.parse_args(argv), callbacks=[WaitForEachPush()])
+    # a snapshot after each evaluation but the last, which the final model covers
+    messages = [commit.message for commit in hub.commits("tester/mlm")]
+    assert messages[:-1] == ["Step 4 of 10", "Step 8 of 10"]
+    assert messages[-1].startswith("Final model:")
+    assert [int(row["step"]) for row in training_log_rows(tmp_path)] == [4, 8, 10]
 
 
 def test_the_model_card_names_local_folders_by_their_base_names_only(

@@ -196,9 +196,15 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
         (tmp_path / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
     )
     assert settings["total_steps"] == total
+    batch = f"a global batch of {batch_size} sequences ({batch_size} a replica) x {MAX_LENGTH} "
+    assert f"{batch}tokens = {batch_size * MAX_LENGTH:,} tokens a step." in printed, printed[:2000]
+    last = f" and after step {total}, the last" if total % per_epoch and len(epoch_ends) > 1 else ""
     plan = re.search(
-        rf": {total:,} steps = ([\d.]+) epochs? of {per_epoch} steps, batches of {batch_size} x ",
+        rf"^An epoch \(a pass over the data\) is {per_epoch} steps; {total:,} steps = ([\d.]+) "
+        rf"epochs?; first row of training_log.csv after step {epoch_ends[0]}, then at each epoch "
+        rf"end{last}\.$",
         printed,
+        re.M,
     )
     assert plan and float(plan.group(1)) == pytest.approx(total / per_epoch, abs=0.005), printed[
         :2000
@@ -459,6 +465,23 @@ BAD_FLAGS_AND_FILES = [
         RUN_MLM + " --jit_compile --cpu_replicas 2",
         "--jit_compile",
         "--cpu_replicas 2",
+    ),
+    case(
+        "run_mlm: --max_eval_samples without --eval_dataset",
+        RUN_MLM + " --max_eval_samples 100",
+        "--max_eval_samples 100",
+        "--eval_dataset",
+    ),
+    case(
+        "run_mlm: --max_eval_samples below one batch",
+        RUN_MLM + " --eval_dataset {shards}/validation --max_eval_samples 5",
+        "--max_eval_samples 5 is less than one global batch of 8 sequences",
+    ),
+    case(
+        "run_mlm: --eval_steps 0",
+        RUN_MLM + " --eval_steps 0",
+        "--eval_steps: 0 must be a positive",
+        exit_code=2,
     ),
     case(
         "run_mlm: missing train shards",
