@@ -38,7 +38,6 @@ from mlm_pipeline import (
     hub,
     labelled_data,
     model_folder,
-    output_folder,
     storage,
     tf_startup,
 )
@@ -162,7 +161,7 @@ def check_args(args):
     paths = {"--model_name_or_path": args.model_name_or_path, "--output_dir": args.output_dir}
     storage.check_gcs_paths(paths, writable=["--output_dir"])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
-        output_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
+        model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
 
 def build_strategy(args):

@@ -27,11 +27,12 @@ from mlm_pipeline import (
     flag_checks,
     hosts,
     hub,
+    hub_pusher,
     metrics,
     model_config,
     model_folder,
-    output_folder,
     segments,
+    shard_checks,
     storage,
     tf_startup,
     training_logs,
@@ -298,7 +299,7 @@ def parse_args(argv=None):
     add(
         "--hub_push_timeout",
         type=positive_int,
-        default=hub.FINAL_PUSH_TIMEOUT,
+        default=hub_pusher.FINAL_PUSH_TIMEOUT,
         help="Seconds to wait, at most, for the final Hub push to upload.",
     )
     add = parser.add_argument_group("hardware").add_argument
@@ -777,7 +778,7 @@ def check_args(args):
     paths = {"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset}
     storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=["--output_dir"])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
-        output_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
+        model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
 
 def start_training_run(
@@ -786,7 +787,7 @@ def start_training_run(
     """The run's plumbing (training_run.py): output folder, resume, Hub pushes. Its pusher replaces
     the 🤗 TPU example's PushToHubCallback, which in transformers 4.57 clones the Hub repository
     with git into --output_dir (so never gs://) and has hung at the end of training: this one
-    uploads over HTTP from a background thread (hub.py)."""
+    uploads over HTTP from a background thread (hub_pusher.py)."""
     pytorch_export = not args.no_pytorch_export
     return training_run.TrainingRun(
         strategy,
@@ -821,7 +822,7 @@ def main(args, callbacks=()):
     tokenizer = contract.load_tokenizer(
         args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
     )
-    manifests = contract.read_training_manifests(  # checked against the flags and the tokenizer
+    manifests = shard_checks.read_training_manifests(  # checked against the flags and the tokenizer
         args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
     )
     max_length = tokenizer.model_max_length = manifests[0]["max_length"]
@@ -915,7 +916,7 @@ def main(args, callbacks=()):
         steps_per_execution=args.steps_per_execution,
     )
     start_step = run.resume(masked_lm, trainer.optimizer, args.save_total_limit)
-    with contract.corrupt_shards_named(manifests, args.output_dir):  # which one, what to do
+    with shard_checks.corrupt_shards_named(manifests, args.output_dir):  # which one, what to do
         logs = fit_exact_steps(  # fit() in segments of fixed shapes: fit_exact_steps says why
             trainer,
             train_dataset_from,

@@ -54,9 +54,9 @@ def shard_sequences(folder, flag):
     import numpy as np
     import tensorflow as tf
 
-    from mlm_pipeline import contract
+    from mlm_pipeline import contract, shard_checks
 
-    manifest = contract.read_manifest(folder, flag)
+    manifest = shard_checks.read_manifest(folder, flag)
     features = contract.record_features(manifest["max_length"])
     batches = tf.data.TFRecordDataset(manifest["files"]).batch(4096)
     batches = batches.map(lambda records: tf.io.parse_example(records, features))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from machine import describe_machine, markdown_table  # noqa: E402
 
 import run_mlm  # noqa: E402
-from mlm_pipeline import contract, hosts  # noqa: E402
+from mlm_pipeline import contract, hosts, shard_checks  # noqa: E402
 
 THRESHOLDS = (0.10, 0.20, 0.30)
 
@@ -61,7 +61,7 @@ def curve_callback(args, eval_every, points):
             tokenizer = contract.load_tokenizer(
                 args.tokenizer, "--tokenizer", args.trust_remote_code
             )
-            manifests = contract.read_training_manifests(
+            manifests = shard_checks.read_training_manifests(
                 args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
             )
             max_length = manifests[0]["max_length"]

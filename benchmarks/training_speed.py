@@ -42,7 +42,7 @@ from machine import describe_machine, markdown_table, step_clock
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py's folder
 import run_mlm  # noqa: E402
-from mlm_pipeline import contract  # noqa: E402
+from mlm_pipeline import contract, shard_checks  # noqa: E402
 
 TINY = "hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512"
 VARIANTS = {
@@ -134,7 +134,7 @@ def training_flops(config, length, predicted_positions):
 def pipeline_stream(args, flags):
     """run_mlm.build_dataset's endless training stream on the shards, with run_mlm.py's defaults."""
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
-    manifest = contract.read_manifest(args.train_dataset, "--train_dataset")
+    manifest = shard_checks.read_manifest(args.train_dataset, "--train_dataset")
     dataset = run_mlm.build_dataset(
         manifest["files"],
         args.batch_size,

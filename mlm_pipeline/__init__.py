@@ -1,33 +1,67 @@
-"""The production plumbing of the pretraining scripts: what makes a run survive the real world.
+"""The production plumbing of the pipeline's scripts: what makes a run survive the real world.
 
-The three scripts beside this folder tell the story of each step (data, masking, model, optimizer,
+The four scripts beside this folder tell the story of each step (data, masking, model, optimizer,
 fit, save); the modules here hold what a long run on a TPU VM also needs, one concern each, each
 readable on its own. Scripts import these modules; nothing here imports a script.
 
-    errors          one-line errors: UsageError, the argparse parser and types, how a script exits
-    tf_startup      TensorFlow's start-up log, held back unless start-up fails
-    storage         local or gs:// output folders, checked before any work (a short-lived probe)
-    contract        the files the steps hand on: names, manifest keys, the record feature
-    corpus          local or gs:// files (globs too) or a Hub dataset (streamed or not) as texts
-    packing         the bytes of the shards: tokenize, pack, tf.train.Example records, TFRecords
-    split_manifest  a finished split's manifest.json, built from what each block gave
-    split_folder    a split's folder while it is written: checks, clean-up, its manifest last
-    beam_pipeline   the step on Apache Beam: the pipeline graph and what its workers run
-    beam_launcher   prepare_tfrecord_shards.py --runner: Beam's checks before any work, the
-                    runner, the run and its errors
-    hosts           the TPU connected, or the strategy without one; on several hosts, who
-                    writes and which shard files each host's input pipeline reads
-    model_config    the architecture from --pretrained_model_config and --config_overrides
-    output_folder   run_mlm.py's output folder: refused early, started afresh, or resumed
-    checkpoints     checkpoints saved during fit() and restored on resume
-    segments        optimizer steps counted through epochs and fit() calls of fixed shape
-    training_run    what a run does around fit(): chief and workers, resume, callbacks, the end
-    model_folder    the finished model folder, published so that it never looks finished early
-    metrics         the accuracy metrics, over the masked positions only
-    training_logs   TensorBoard scalars, the CSV log, the curves PNG, the summary line
-    pytorch_export  the PyTorch copy of a TF masked LM, written without torch, for transformers 5
-    model_card      the README.md cards of the model and the tokenizer
-    hub             Hub repositories and pushes over HTTP, in the background during training
+The index below names every module once: the steps that need it (1 train_unigram.py,
+2 prepare_tfrecord_shards.py, 3 run_mlm.py, 4 run_classifier.py: the script's imports, followed
+through the package), then what it holds. To use a step in your own project, copy its script and
+the modules README.md's table "What to copy for each step" names for it, the ones marked here with
+its number, into a folder mlm_pipeline/ beside the script. tests/test_layout.py checks this index
+against the imports.
 
-To copy a step into your own project, copy its script and this folder.
+    __init__           1 2 3 4  this index
+    errors             1 2 3 4  one-line errors: UsageError, the argparse parser and types, how a
+                                script exits
+    tf_startup         1 2 3 4  TensorFlow's start-up log, held back unless start-up fails
+    storage            1 2 3 4  local or gs:// output folders, checked before any work (a
+                                short-lived probe); files written whole, folders published
+    contract           1 2 3 4  the files the steps hand on: names, manifest keys, the record
+                                feature, loading the tokenizer
+    corpus             1 2   4  local or gs:// files (globs too) or a Hub dataset (streamed or not)
+                                as texts
+    hub                1   3 4  Hub repositories and one-commit pushes over HTTP, failures in one
+                                line
+    cards              1   3 4  what every README.md card shares: the metadata block, folders
+                                named without local paths
+    tokenizer_card     1        train_unigram.py's card of the tokenizer it trains
+    packing              2      the bytes of the shards: tokenize, pack, tf.train.Example records,
+                                TFRecords
+    split_manifest       2      a finished split's manifest.json, built from what each block gave
+    split_folder         2      a split's folder while it is written: checks, clean-up, its
+                                manifest last
+    beam_pipeline        2      the step on Apache Beam: the pipeline graph and what its workers run
+    beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,
+                                the runner, the run and its errors
+    hosts                  3 4  the TPU connected, or the strategy without one; on several hosts,
+                                who writes and which shard files each host's input pipeline reads
+    model_folder           3 4  a finished model's folder: refused unless replaced on request,
+                                published so that it never looks finished early
+    pytorch_export         3    the PyTorch copy of a TF masked LM, written without torch, for
+                                transformers 5
+    flag_checks            3    run_mlm.py's flags that are wrong only together
+    shard_checks           3    the shards run_mlm.py is given, checked before any work: manifests,
+                                sizes, first records; a corrupt one named during training
+    model_config           3    the architecture from --pretrained_model_config and
+                                --config_overrides
+    whole_words            3    --whole_word_masking: which tokens start a word, the masking of
+                                whole words
+    metrics                3    the accuracy metrics, over the masked positions only
+    output_folder          3    run_mlm.py's output folder before training: started afresh, or
+                                resumed
+    checkpoints            3    checkpoints saved during fit() and restored on resume
+    segments               3    optimizer steps counted through epochs and fit() calls of fixed
+                                shape
+    training_logs          3    TensorBoard scalars, the CSV log, the curves PNG, the summary line
+    model_card             3    run_mlm.py's model card, written with the curves beside the model
+    hub_pusher             3    run_mlm.py's Hub pushes: a snapshot at each evaluation in the
+                                background, the final model last
+    training_run           3    what a run does around fit(): chief and workers, resume,
+                                callbacks, the end
+    pretrained_model         4  run_classifier.py's starting point: a run_mlm.py folder or Hub id,
+                                checked with its tokenizer
+    labelled_data            4  run_classifier.py's texts and labels (a Hub dataset or .tsv, .csv,
+                                .jsonl files), checked
+    classifier_folder        4  run_classifier.py's model card, eval_results.json and Hub push
 """

@@ -3,7 +3,7 @@ task, the data, the score against the majority-class baseline, the pretrained mo
 eval_results.json, the replacement of an earlier classifier, and the Hub push.
 
 The folder itself is published by `model_folder.staging()`, config.json last. Local paths are named
-by `model_card.public_name()`, as in run_mlm.py's card: a card is meant to be public. The score also
+by `cards.public_name()`, as in run_mlm.py's card: a card is meant to be public. The score also
 goes into the card's metadata (model-index) when the data is a Hub dataset, so the Hub shows it on
 the model's page.
 """
@@ -14,8 +14,8 @@ import shutil
 import tempfile
 
 from . import contract, hub
+from .cards import metadata_block, public_name
 from .contract import FINISHED_RUN_MARKER, MODEL_CARD_NAME
-from .model_card import metadata_block, public_name
 from .storage import is_remote
 
 EVAL_RESULTS_NAME = "eval_results.json"

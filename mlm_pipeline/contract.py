@@ -11,16 +11,13 @@ next reads it.
            training_log.csv, training_curves.png, logs/, checkpoints/
 
 The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key
-from here.
+from here; run_mlm.py checks the shards it reads with shard_checks.py.
 """
 
-import contextlib
-import json
 import os
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
-from .errors import UsageError, first_line, tf_error_text
+from .errors import UsageError, first_line
 
 # --- train_unigram.py -> the tokenizer folder
 # train_unigram.py writes it last: a folder holding it holds a whole tokenizer
@@ -64,6 +61,15 @@ CURVES_NAME = "training_curves.png"
 MODEL_CARD_NAME = "README.md"
 PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transformers 5 loads
 PYTORCH_WEIGHTS_NAME = "model.safetensors"
+# TF models whose embeddings assume the pad token is id 1 (their padding_idx is hard-coded).
+FIXED_PADDING_INDEX_MODELS = (
+    "roberta",
+    "roberta-prelayernorm",
+    "xlm-roberta",
+    "camembert",
+    "longformer",
+    "mpnet",
+)
 
 
 def load_tokenizer(
@@ -122,188 +128,3 @@ def copy_folder_files(folder, destination):
             tf.io.gfile.copy(
                 f"{folder.rstrip('/')}/{name}", os.path.join(destination, name), overwrite=True
             )
-
-
-def read_manifest(folder, flag):
-    """A finished split's manifest, with "files": the full path of every shard it lists, and
-    "sizes": each one's size in bytes, looked up once (all at once), which also checks that each is
-    present."""
-    import tensorflow as tf
-
-    folder = folder.rstrip("/")
-    path = f"{folder}/{MANIFEST_NAME}"
-    if not tf.io.gfile.isdir(folder):
-        raise UsageError(
-            f"{flag} {folder} does not exist; pass a folder written by prepare_tfrecord_shards.py."
-        )
-    if not tf.io.gfile.exists(path):
-        splits = [s for s in SPLITS if tf.io.gfile.exists(f"{folder}/{s}/{MANIFEST_NAME}")]
-        hint = f" (did you mean {folder}/{splits[0]}?)" if splits else ""
-        todo = "run prepare_tfrecord_shards.py to completion first"
-        raise UsageError(
-            f"{flag} {folder} has no {MANIFEST_NAME}, so it is not a finished split{hint}; {todo}."
-        )
-    try:
-        with tf.io.gfile.GFile(path) as file:
-            manifest = json.load(file)
-        missing_keys = [key for key in MANIFEST_KEYS if key not in manifest]
-        files = [f"{folder}/{shard['file']}" for shard in manifest.get("shards", [])]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        missing_keys, files = [f"unreadable ({type(error).__name__}: {error})"], []
-    if missing_keys:
-        raise UsageError(
-            f"{flag} {folder}: {MANIFEST_NAME} is not one prepare_tfrecord_shards.py wrote "
-            f"(missing or bad: {', '.join(missing_keys)}); rerun it."
-        )
-    sizes = shard_sizes(files)
-    missing = [path for path in files if sizes[path] is None]
-    if not files or missing:
-        raise UsageError(
-            f"{flag} {folder}: no shards found ({len(missing)} of {len(files)} listed in "
-            f"{MANIFEST_NAME} are missing); rerun prepare_tfrecord_shards.py."
-        )
-    manifest["files"], manifest["sizes"] = files, sizes
-    return manifest
-
-
-# Requests at once when every shard is looked at before training: on gs:// each is a round trip of
-# tens of milliseconds, so 10,000 shards one after another would take minutes before the first step.
-SHARD_LOOKUPS_AT_ONCE = 32
-
-
-def shard_sizes(files):
-    """{path: size in bytes, or None when missing}, one stat() per shard, SHARD_LOOKUPS_AT_ONCE at
-    a time."""
-    import tensorflow as tf
-
-    def size(path):
-        try:
-            return tf.io.gfile.stat(path).length
-        except tf.errors.NotFoundError:
-            return None
-
-    with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_AT_ONCE) as pool:
-        return dict(zip(files, pool.map(size, files)))
-
-
-def check_shards(manifest, flag, vocab_size):
-    """Every shard is whole and holds this tokenizer's ids: checked cheaply, before anything is
-    built, every shard at once (SHARD_LOOKUPS_AT_ONCE), reusing the sizes read_manifest looked up.
-
-    A shard's size must be the one its manifest records (a truncated TFRecord file reads as a
-    shorter one without any error, so nothing later would notice); manifests without sizes get their
-    records counted instead. The first record of every shard must parse as max_length ids within the
-    vocabulary.
-    """
-    features = record_features(manifest["max_length"])
-    with ThreadPoolExecutor(max_workers=SHARD_LOOKUPS_AT_ONCE) as pool:
-        checks = pool.map(
-            lambda shard, path: check_shard(
-                shard, path, manifest["sizes"][path], flag, features, vocab_size
-            ),
-            manifest["shards"],
-            manifest["files"],
-        )
-        for _ in checks:  # in order: the first bad shard is the one reported
-            pass
-
-
-def check_shard(shard, path, size, flag, features, vocab_size):
-    import tensorflow as tf
-
-    try:
-        if "bytes" in shard:
-            found, expected, unit = size, shard["bytes"], "bytes"
-        else:
-            found = count_records(path)  # manifests from before sizes were recorded
-            expected, unit = shard["records"], "records"
-        if found != expected:
-            raise UsageError(
-                f"{flag}: shard {path} has {found} {unit} but {MANIFEST_NAME} lists {expected}, so "
-                "it is truncated or was changed; rerun prepare_tfrecord_shards.py."
-            )
-        first = next(iter(tf.data.TFRecordDataset(path).take(1)))
-        ids = tf.io.parse_single_example(first, features)[FEATURE_NAME].numpy()
-    except (tf.errors.OpError, StopIteration) as error:
-        raise UsageError(
-            f"{flag}: shard {path} is unreadable "
-            f"({tf_error_text(error) if str(error) else 'no records'}); rerun "
-            "prepare_tfrecord_shards.py."
-        ) from None
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        raise UsageError(
-            f"{flag}: shard {path} holds token id "
-            f"{ids.max() if ids.max() >= vocab_size else ids.min()}, outside the tokenizer's "
-            f"{vocab_size} ids; pass the tokenizer the shards were made with."
-        )
-
-
-def count_records(path):
-    """Read a shard to its end; a corrupt one raises tf.errors.DataLossError."""
-    import tensorflow as tf
-
-    return sum(1 for _ in tf.data.TFRecordDataset(path))
-
-
-def find_corrupt_shard(files):
-    """The first shard that cannot be read to its end: TF's corruption error does not name the
-    file."""
-    import tensorflow as tf
-
-    for path in files:
-        try:
-            count_records(path)
-        except tf.errors.DataLossError:
-            return path
-    return None
-
-
-def read_training_manifests(
-    train_dataset, eval_dataset, tokenizer, tokenizer_name, max_length=None
-):
-    """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked
-    before anything expensive happens: each agrees with --max_length (when given) and the tokenizer,
-    the two agree with each other, and every shard is whole."""
-    manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
-    if eval_dataset:
-        manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
-    for flag, manifest in manifests.items():
-        if max_length is not None and manifest["max_length"] != max_length:
-            raise UsageError(
-                f"--max_length {max_length} differs from the {manifest['max_length']} of the "
-                f"shards in {flag}; pass --max_length {manifest['max_length']} or rewrite the "
-                "shards."
-            )
-        if manifest["vocab_size"] != len(tokenizer):
-            raise UsageError(
-                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
-                f"tokens, but --tokenizer {tokenizer_name} has {len(tokenizer)}; pass the "
-                "tokenizer the shards were made with."
-            )
-    train, evaluation = manifests["--train_dataset"], manifests.get("--eval_dataset")
-    if evaluation is not None and evaluation["max_length"] != train["max_length"]:
-        raise UsageError(
-            f"train shards have max_length {train['max_length']} but eval shards have "
-            f"{evaluation['max_length']}; write both with the same --max_length."
-        )
-    for flag, manifest in manifests.items():
-        check_shards(manifest, flag, len(tokenizer))
-    return train, evaluation
-
-
-@contextlib.contextmanager
-def corrupt_shards_named(manifests, output_dir):
-    """Inside: a shard that training finds corrupt (TF's DataLossError, which does not say which)
-    becomes a UsageError that names it and says what to do."""
-    import tensorflow as tf
-
-    try:
-        yield
-    except tf.errors.DataLossError as error:
-        files = [name for manifest in manifests if manifest for name in manifest["files"]]
-        corrupt = find_corrupt_shard(files)
-        raise UsageError(
-            f"{corrupt or 'one of the shards'} is corrupt ({tf_error_text(error)}); rerun "
-            "prepare_tfrecord_shards.py, then run_mlm.py's command again: it resumes from the "
-            f"newest checkpoint in {output_dir}."
-        ) from None

@@ -1,73 +1,17 @@
-"""The README.md cards that go with what the pipeline publishes: the tokenizer's and the model's.
+"""run_mlm.py's model card (README.md): what the model is, its data, its settings and its results;
+written beside the saved model with the training curves at the end, and pushed with every Hub
+snapshot.
 
-The metadata block at the top of each card (library, pipeline, tags) is written by huggingface_hub's
-ModelCardData, so it is the YAML the Hub reads. A card is meant to be public, so the data, the
-tokenizer and the output folder are named by `public_name()`, never by a local path.
+The metadata block and the public names of the folders the run used come from cards.py.
 """
 
 import math
 import os
 
-from .contract import MODEL_CARD_NAME, PYTORCH_DIR
+from . import training_logs
+from .cards import metadata_block, public_name
+from .contract import CURVES_NAME, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
 from .storage import is_remote
-
-
-def public_name(path):
-    """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as
-    given, a local path by its base name alone.
-
-    A local path such as /home/<user>/runs/... says who ran the pipeline where, and nothing a reader
-    can open. A gs:// path stays: it names no machine nor user, and the bucket is one the user chose
-    to train from (the card is written to --output_dir before any push, to be read there first). A
-    Hub id and a relative local path look alike; the one that exists here, or that is absolute or
-    starts with ~ or ., is taken as local (a card may also name a path from another machine: the
-    source a manifest recorded).
-    """
-    if not path or is_remote(path):
-        return path
-    if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
-        # abspath: "." and "a/b/" name a folder
-        return os.path.basename(os.path.abspath(os.path.expanduser(path)))
-    return path
-
-
-def metadata_block(**fields):
-    """The card's front matter: `---`, the YAML of huggingface_hub.ModelCardData(**fields),
-    `---`."""
-    from huggingface_hub import ModelCardData
-
-    return f"---\n{ModelCardData(**fields).to_yaml()}\n---"
-
-
-def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
-    """A short README.md for a tokenizer trained by train_unigram.py on `source` (`counts`: rows
-    and texts read)."""
-    special = ", ".join(
-        f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in special_tokens
-    )
-    return "\n".join(
-        [
-            metadata_block(library_name="transformers", tags=["tokenizer", "unigram"]),
-            "",
-            f"# {repo_id}",
-            "",
-            f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 "
-            f"tokenizers by `train_unigram.py` on {public_name(source)} ({counts['texts']:,} "
-            f"non-blank texts of {counts['rows']:,} rows), for masked-language-model pretraining.",
-            "",
-            "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer "
-            "(`▁` marks the start of a word), and each text becomes `[CLS] tokens [SEP]`. Special "
-            f"tokens (ids): {special}; `[MASK]` absorbs the space before it, as the word it stands "
-            "for does.",
-            "",
-            "```python",
-            "from transformers import AutoTokenizer",
-            "",
-            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
-            "```",
-            "",
-        ]
-    )
 
 
 def model_card(
@@ -269,3 +213,15 @@ def write_model_card(card_text, output_dir):
 
     with tf.io.gfile.GFile(f"{output_dir.rstrip('/')}/{MODEL_CARD_NAME}", "w") as file:
         file.write(card_text)
+
+
+def add_card_and_curves(output_dir, card_text):
+    """Beside the saved model: its card (README.md: data, settings, results) and
+    training_curves.png, the loss and the accuracy at [MASK] against the step, drawn from the
+    TensorBoard scalars."""
+    write_model_card(card_text, output_dir)
+    output_dir = output_dir.rstrip("/")
+    training_logs.plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
+    print(
+        f"Saved the model and tokenizer to {output_dir}, the curves to {output_dir}/{CURVES_NAME}."
+    )

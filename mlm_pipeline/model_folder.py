@@ -1,13 +1,36 @@
-"""run_mlm.py's finished model folder: written so that an interruption never leaves one that looks
+"""The folder of a finished model, run_mlm.py's and run_classifier.py's: refused before any work
+when it holds one already, and written so that an interruption never leaves one that looks
 finished.
 
 A folder counts as finished once it holds config.json (`contract.FINISHED_RUN_MARKER`). The model
-files are written into a staging folder (`staging()`) and published file by file, config.json last;
-`add_card_and_curves()` then writes the model card and the curves PNG beside them.
+files are written into a staging folder (`staging()`) and published file by file, config.json last.
 """
 
-from . import model_card, storage, training_logs
-from .contract import CURVES_NAME, FINISHED_RUN_MARKER, TENSORBOARD_DIR
+from . import storage
+from .contract import FINISHED_RUN_MARKER
+from .errors import UsageError
+from .storage import check_local_output_dir, is_remote
+
+
+def check_output_dir(output_dir, overwrite_output_dir):
+    """A finished model is only replaced on request (prepare_output_dir() does it, once all input
+    checks pass).
+
+    A local --output_dir that cannot be created or written is refused here, before any work (a gs://
+    one was written to and cleaned up by storage.check_gcs_paths already).
+    """
+    import tensorflow as tf
+
+    if not is_remote(output_dir):
+        check_local_output_dir(output_dir)
+    if (
+        tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}")
+        and not overwrite_output_dir
+    ):
+        raise UsageError(
+            f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
+            "pass --overwrite_output_dir to replace it, or choose another folder."
+        )
 
 
 def staging(output_dir):
@@ -17,15 +40,3 @@ def staging(output_dir):
     block fails, nothing is published.
     """
     return storage.staged_folder(output_dir, last=FINISHED_RUN_MARKER)
-
-
-def add_card_and_curves(output_dir, card_text):
-    """Beside the saved model: its card (README.md: data, settings, results) and
-    training_curves.png, the loss and the accuracy at [MASK] against the step, drawn from the
-    TensorBoard scalars."""
-    model_card.write_model_card(card_text, output_dir)
-    output_dir = output_dir.rstrip("/")
-    training_logs.plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
-    print(
-        f"Saved the model and tokenizer to {output_dir}, the curves to {output_dir}/{CURVES_NAME}."
-    )

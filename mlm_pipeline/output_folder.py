@@ -1,9 +1,10 @@
-"""run_mlm.py's output folder before training: refused early if unusable, started afresh, or
-checked to belong to this very run so that its checkpoints can be resumed.
+"""run_mlm.py's output folder before training: started afresh, or checked to belong to this very
+run so that its checkpoints can be resumed.
 
 A folder holding config.json holds a finished model (`contract.FINISHED_RUN_MARKER`), replaced only
-with --overwrite_output_dir. Beside the checkpoints, run_settings.json records what their step
-numbers mean (`resume_settings()`): a rerun under other settings would continue another run.
+with --overwrite_output_dir (model_folder.check_output_dir() refuses it otherwise). Beside the
+checkpoints, run_settings.json records what their step numbers mean (`resume_settings()`): a rerun
+under other settings would continue another run.
 """
 
 import json
@@ -19,28 +20,7 @@ from .contract import (
     TRAINING_LOG_NAME,
 )
 from .errors import UsageError
-from .storage import check_local_output_dir, is_remote, write_whole
-
-
-def check_output_dir(output_dir, overwrite_output_dir):
-    """A finished model is only replaced on request (prepare_output_dir() does it, once all input
-    checks pass).
-
-    A local --output_dir that cannot be created or written is refused here, before any work (a gs://
-    one was written to and cleaned up by storage.check_gcs_paths already).
-    """
-    import tensorflow as tf
-
-    if not is_remote(output_dir):
-        check_local_output_dir(output_dir)
-    if (
-        tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}")
-        and not overwrite_output_dir
-    ):
-        raise UsageError(
-            f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
-            "pass --overwrite_output_dir to replace it, or choose another folder."
-        )
+from .storage import write_whole
 
 
 def resume_settings(config, train_manifest, global_batch_size, total_steps, recipe):

@@ -11,9 +11,8 @@ import os
 import tempfile
 
 from . import contract
-from .contract import FINISHED_RUN_MARKER, TOKENIZER_FILES
+from .contract import FINISHED_RUN_MARKER, FIXED_PADDING_INDEX_MODELS, TOKENIZER_FILES
 from .errors import UsageError, first_line
-from .pytorch_export import FIXED_PADDING_INDEX_MODELS
 from .storage import is_remote
 
 TF_WEIGHTS_NAME = "tf_model.h5"

@@ -9,22 +9,13 @@ run_mlm.py's build_config and asserted again when the copy is written.
 
 import os
 
-from .contract import PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
+from .contract import FIXED_PADDING_INDEX_MODELS, PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
 from .errors import UsageError
 
 # The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
 # and checks against the TF model. The name mapping is generic, but a type joins this list
 # only once that test covers it.
 PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
-# TF models whose embeddings assume the pad token is id 1 (their padding_idx is hard-coded).
-FIXED_PADDING_INDEX_MODELS = (
-    "roberta",
-    "roberta-prelayernorm",
-    "xlm-roberta",
-    "camembert",
-    "longformer",
-    "mpnet",
-)
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):

@@ -12,9 +12,8 @@ import time
 from . import (
     checkpoints,
     hosts,
-    hub,
+    hub_pusher,
     model_card,
-    model_folder,
     output_folder,
     segments,
     training_logs,
@@ -51,7 +50,7 @@ class TrainingRun:
         overwrite_output_dir=False,
         hub_model_id=None,
         hub_private=False,
-        hub_push_timeout=hub.FINAL_PUSH_TIMEOUT,
+        hub_push_timeout=hub_pusher.FINAL_PUSH_TIMEOUT,
         steps_per_evaluation=None,
         phase_end=0,
         evaluation=None,
@@ -76,7 +75,7 @@ class TrainingRun:
         self.chief = hosts.is_chief(strategy)
         self.pusher = None
         if hub_model_id and self.chief:
-            self.pusher = hub.HubPusher(
+            self.pusher = hub_pusher.HubPusher(
                 hub_model_id, hub_private, output_dir, save_model, self.card, hub_push_timeout
             )
         if self.chief:
@@ -163,7 +162,7 @@ class TrainingRun:
             training_logs.training_log_path(self.output_dir)
         )
         final_card = self.card(trainer, {key: values[-1] for key, values in logs.items()})
-        model_folder.add_card_and_curves(self.output_dir, final_card)
+        model_card.add_card_and_curves(self.output_dir, final_card)
         minutes = (time.perf_counter() - self.started) / 60
         summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes)
         print(summary + (f" (resumed at step {self.start_step})" if self.start_step else ""))

@@ -18,7 +18,8 @@ from helpers import VOCAB_SIZE, flags, last_line, tiny_run_flags
 
 import run_mlm
 import train_unigram
-from mlm_pipeline import contract, hub
+from mlm_pipeline import contract
+from mlm_pipeline.hub_pusher import HubPusher
 
 TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
@@ -349,7 +350,7 @@ def hub_pusher_args(repo_id):
 
 def hub_pusher(args):
     """The pusher run_mlm.main() makes for these flags, before any model or tokenizer exists."""
-    return hub.HubPusher(
+    return HubPusher(
         args.hub_model_id,
         args.hub_private,
         args.output_dir,

@@ -1,7 +1,8 @@
 """The shape of the code that a reader relies on: README's "What to copy for each step" names
-exactly the package modules each script needs (its imports, followed through the package), the
-package imports no script, no script routes flag values through tables of flag names, and the
-formatter is never switched off.
+exactly the package modules each script needs (its imports, followed through the package) and how
+many lines that copy is, the package's own index (mlm_pipeline/__init__.py) lists every module once
+with the steps that need it, the package imports no script, no script routes flag values through
+tables of flag names, and the formatter is never switched off.
 """
 
 import ast
@@ -52,14 +53,23 @@ def closure(script):
     return needed
 
 
+def lines_to_copy(script):
+    """The lines of a step's copy: its script and every module it needs, __init__.py included."""
+    files = [REPO / script] + [
+        PACKAGE / f"{module}.py" for module in closure(script) | {"__init__"}
+    ]
+    return sum(len(path.read_text(encoding="utf-8").splitlines()) for path in files)
+
+
 def readme_copy_lists():
-    """{step: (script, {module names})} from README's "What to copy for each step" table."""
+    """{step: (script, {module names}, lines)} from README's "What to copy for each step" table."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("### What to copy for each step", 1)[1].split("\n#", 1)[0]
     rows = {}
-    for match in re.finditer(r"^\| (\d) \| `([\w.]+)` \| (.+?) \|$", section, re.MULTILINE):
-        step, script, modules = match.groups()
-        rows[step] = (script, set(re.findall(r"`(\w+)\.py`", modules)))
+    row = r"^\| (\d) \| `([\w.]+)` \| (.+?) \| ([\d,]+) \|$"
+    for match in re.finditer(row, section, re.MULTILINE):
+        step, script, modules, lines = match.groups()
+        rows[step] = (script, set(re.findall(r"`(\w+)\.py`", modules)), int(lines.replace(",", "")))
     return rows
 
 
@@ -68,13 +78,52 @@ def test_readme_names_what_each_step_needs(step):
     script = SCRIPTS[step]
     rows = readme_copy_lists()
     assert step in rows, f"README's copy table has no row for step {step} ({script})"
-    named_script, named_modules = rows[step]
+    named_script, named_modules, named_lines = rows[step]
     assert named_script == script
     needed = closure(script) | {"__init__"}
     assert named_modules == needed, (
         f"README's copy list for {script}: missing {sorted(needed - named_modules)}, "
         f"not needed {sorted(named_modules - needed)}"
     )
+    lines = lines_to_copy(script)
+    assert named_lines == lines, (
+        f"README's copy table gives {script}'s copy {named_lines:,} lines; it is {lines:,}"
+    )
+
+
+def package_index():
+    """{module: {steps}} from the index in mlm_pipeline/__init__.py's docstring: lines of four
+    spaces, the module's name, the steps that need it (digits), two spaces or more, what it holds;
+    a description goes on in lines indented further."""
+    docstring = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8")))
+    entries = []
+    for line in docstring.splitlines():
+        if not line.startswith("    ") or line.startswith("     "):
+            continue  # prose, or a description going on
+        match = re.fullmatch(r"    (\w+) +([1-4](?: +[1-4])*) {2,}\S.*", line)
+        assert match, f"mlm_pipeline/__init__.py's index: cannot read {line.strip()!r}"
+        entries.append((match[1], set(match[2].split())))
+    modules = [module for module, _ in entries]
+    repeated = sorted({module for module in modules if modules.count(module) > 1})
+    assert repeated == [], f"mlm_pipeline/__init__.py's index lists {repeated} more than once"
+    return dict(entries)
+
+
+def test_the_package_index_lists_every_module_with_the_steps_that_need_it():
+    index = package_index()
+    files = {path.stem for path in PACKAGE.glob("*.py")}
+    assert set(index) == files, (
+        f"mlm_pipeline/__init__.py's index: missing {sorted(files - set(index))}, "
+        f"no such module {sorted(set(index) - files)}"
+    )
+    for module, steps in sorted(index.items()):
+        needing = {
+            step for step, script in SCRIPTS.items() if module in closure(script) | {"__init__"}
+        }
+        assert steps == needing, (
+            f"mlm_pipeline/__init__.py's index says {module} is needed by steps "
+            f"{' '.join(sorted(steps))}; the imports say {' '.join(sorted(needing)) or 'none'}"
+        )
 
 
 def test_the_package_imports_no_script():

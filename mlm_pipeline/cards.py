@@ -1,0 +1,38 @@
+"""What every README.md card the pipeline writes shares (the tokenizer's, the model's, the
+classifier's): the metadata block at the top, and how a card names the folders a run used.
+
+The metadata block (library, pipeline, tags) is written by huggingface_hub's ModelCardData, so it is
+the YAML the Hub reads. A card is meant to be public, so the data, the tokenizer and the output
+folder are named by `public_name()`, never by a local path.
+"""
+
+import os
+
+from .storage import is_remote
+
+
+def public_name(path):
+    """How a card names a folder, file or repository the run used: a Hub id or a gs:// path as
+    given, a local path by its base name alone.
+
+    A local path such as /home/<user>/runs/... says who ran the pipeline where, and nothing a reader
+    can open. A gs:// path stays: it names no machine nor user, and the bucket is one the user chose
+    to train from (the card is written to --output_dir before any push, to be read there first). A
+    Hub id and a relative local path look alike; the one that exists here, or that is absolute or
+    starts with ~ or ., is taken as local (a card may also name a path from another machine: the
+    source a manifest recorded).
+    """
+    if not path or is_remote(path):
+        return path
+    if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
+        # abspath: "." and "a/b/" name a folder
+        return os.path.basename(os.path.abspath(os.path.expanduser(path)))
+    return path
+
+
+def metadata_block(**fields):
+    """The card's front matter: `---`, the YAML of huggingface_hub.ModelCardData(**fields),
+    `---`."""
+    from huggingface_hub import ModelCardData
+
+    return f"---\n{ModelCardData(**fields).to_yaml()}\n---"
