@@ -31,7 +31,8 @@ output: a block, the unit of work, is fixed by the input and the flags alone, an
 writes the same files again.
 
 This module is what the workers run. Workers need apache-beam, tokenizers, numpy and google-crc32c,
-and this package (setup.py): no TensorFlow, no transformers. Each loads the tokenizer itself, from a
+and this package (setup.py), and read Parquet and zstd with pyarrow and zstandard, which come with
+apache-beam: no TensorFlow, no transformers. Each loads the tokenizer itself, from a
 folder (local, or gs:// for Dataflow) or a Hub id, and checks it against the fingerprint of the one
 the launcher loaded. The launcher's side, the checks before any work, the runner and the errors, is
 in beam_launcher.py.

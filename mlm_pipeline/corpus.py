@@ -95,7 +95,8 @@ def add_corpus_flags(parser, splits):
     add(
         "--text_column",
         default="text",
-        help="The column that holds the text in a dataset or a tabular file (default: text).",
+        help="The column that holds the text in a Hub dataset, or in JSON lines, CSV or Parquet "
+        "files (default: text).",
     )
     add("--limit", type=positive_int, help="Read only the first LIMIT rows of the split.")
     add(
@@ -306,17 +307,23 @@ class ZstdReader(io.RawIOBase):
     gzip and bz2, that raises EOFError."""
 
     def __init__(self, raw):
-        import zstandard
-
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError(
+                "reading .zst files needs the zstandard package, which is not installed; install "
+                "it with `pip install -r requirements.txt`."
+            ) from None
         super().__init__()
         self.raw, self.decompressors = raw, zstandard.ZstdDecompressor()
-        self.decompressor, self.fed, self.buffer = self.decompressors.decompressobj(), False, b""
+        self.decompressor, self.fed = self.decompressors.decompressobj(), False
+        self.buffer, self.offset = memoryview(b""), 0  # decompressed bytes, and how far read
 
     def readable(self):
         return True
 
     def readinto(self, target):
-        while not self.buffer:
+        while self.offset == len(self.buffer):
             if self.decompressor.eof:  # a frame ended: the next, if any, needs a decompressor
                 data = self.decompressor.unused_data or self.raw.read(READ_BYTES)
                 if not data:
@@ -329,9 +336,10 @@ class ZstdReader(io.RawIOBase):
                         raise EOFError("the zstd data ends inside a frame")
                     return 0  # an empty file
             self.fed = True
-            self.buffer = self.decompressor.decompress(data)
-        size = min(len(target), len(self.buffer))
-        target[:size], self.buffer = self.buffer[:size], self.buffer[size:]
+            self.buffer, self.offset = memoryview(self.decompressor.decompress(data)), 0
+        size = min(len(target), len(self.buffer) - self.offset)
+        target[:size] = self.buffer[self.offset : self.offset + size]
+        self.offset += size
         return size
 
 
