@@ -246,7 +246,7 @@ def file_rows(path, text_column="text", open_raw=open_binary, skip=0):
             decompressed(raw, path) as file,
             closing(ROW_READERS[kind](file, path, text_column)) as rows,
         ):
-            yield from itertools.islice(rows, skip, None)
+            yield from itertools.islice(rows, skip, None) if skip else rows
 
 
 def count_rows(path, text_column="text", open_raw=open_binary):
@@ -482,7 +482,7 @@ PARQUET_BATCH = 4096  # rows a read: a few MB of text
 def checked_text(value, text_column, where):
     if value is not None and not isinstance(value, str):
         raise UsageError(
-            f"--text_column {text_column!r} holds a {type(value).__name__}, not text, in {where}; "
+            f"--text_column {text_column!r} holds {json.dumps(value)[:40]}, not text, in {where}; "
             "pass the column that holds the text."
         )
     return value

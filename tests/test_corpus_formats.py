@@ -301,3 +301,23 @@ def test_train_unigram_refuses_a_bad_file_in_one_line(
 ):
     argv = flags(train_file=bad_files[bad], vocab_size=VOCAB_SIZE, output_dir=tmp_path / "out")
     refused(run_script, "train_unigram.py", argv, tmp_path / "out", *needles)
+
+
+def test_a_text_column_that_holds_no_text_is_refused_by_where_it_is(tmp_path):
+    """A number where the text should be would otherwise fail deep in the tokenizer."""
+    import pyarrow
+    import pyarrow.parquet
+
+    from mlm_pipeline import corpus
+
+    json_file = tmp_path / "rows.jsonl"
+    json_file.write_text('{"text": "fine"}\n\n["a list"]\n{"text": 5}\n')
+    with pytest.raises(corpus.UsageError, match=r"rows.jsonl: line 3 is a JSON list"):
+        list(corpus.file_rows(str(json_file)))
+    json_file.write_text('{"text": "fine"}\n\n{"text": 5}\n')
+    with pytest.raises(corpus.UsageError, match=r"'text' holds 5, not text, in line 3 of "):
+        list(corpus.file_rows(str(json_file)))
+    parquet_file = tmp_path / "rows.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"text": [1, 2]}), parquet_file)
+    with pytest.raises(corpus.UsageError, match=r"'text' of .*rows.parquet holds int64, not text"):
+        list(corpus.file_rows(str(parquet_file)))
