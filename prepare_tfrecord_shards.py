@@ -13,6 +13,10 @@ padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES p
     python prepare_tfrecord_shards.py --validation_file corpus/validation.txt --split validation \
         --tokenizer_name_or_path tokenizer --max_length 128 --output_dir shards
 
+    # C4 as it is kept: gzip-compressed JSON lines in a bucket (.csv, .parquet, .zst likewise)
+    python prepare_tfrecord_shards.py --train_file 'gs://my-bucket/c4/en/c4-train.*.json.gz' \
+        --split train --tokenizer_name_or_path tokenizer --output_dir gs://my-bucket/c4-shards
+
     # WikiText-103 from the Hub, streamed (no download into the cache), straight to a GCS bucket
     python prepare_tfrecord_shards.py --split train --tokenizer_name_or_path my-user/my-tokenizer \
         --streaming --max_length 128 --output_dir gs://my-bucket/wikitext-103
