@@ -301,6 +301,12 @@ def zstd_errors():
     return (zstandard.ZstdError,)
 
 
+# Compressed bytes a read: one read unpacks to this times the compression ratio (zstandard's
+# decompressobj has no cap on its output), so small, for memory to stay small even for a file far
+# more repetitive than text (some 4x: half a MB a read).
+ZSTD_READ_BYTES = 1 << 17
+
+
 class ZstdReader(io.RawIOBase):
     """A zstd file's decompressed bytes, frame after frame (zstd -T and pzstd write several), read
     as a file. zstandard's own stream_reader ends quietly where a file was cut short; here, as with
@@ -325,12 +331,12 @@ class ZstdReader(io.RawIOBase):
     def readinto(self, target):
         while self.offset == len(self.buffer):
             if self.decompressor.eof:  # a frame ended: the next, if any, needs a decompressor
-                data = self.decompressor.unused_data or self.raw.read(READ_BYTES)
+                data = self.decompressor.unused_data or self.raw.read(ZSTD_READ_BYTES)
                 if not data:
                     return 0
                 self.decompressor = self.decompressors.decompressobj()
             else:
-                data = self.raw.read(READ_BYTES)
+                data = self.raw.read(ZSTD_READ_BYTES)
                 if not data:
                     if self.fed:
                         raise EOFError("the zstd data ends inside a frame")
