@@ -13,6 +13,10 @@ padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES p
     python prepare_tfrecord_shards.py --validation_file corpus/validation.txt --split validation \
         --tokenizer_name_or_path tokenizer --max_length 128 --output_dir shards
 
+    # C4 as it is kept: gzip-compressed JSON lines in a bucket (.csv, .parquet, .zst likewise)
+    python prepare_tfrecord_shards.py --train_file 'gs://my-bucket/c4/en/c4-train.*.json.gz' \
+        --split train --tokenizer_name_or_path tokenizer --output_dir gs://my-bucket/c4-shards
+
     # WikiText-103 from the Hub, streamed (no download into the cache), straight to a GCS bucket
     python prepare_tfrecord_shards.py --split train --tokenizer_name_or_path my-user/my-tokenizer \
         --streaming --max_length 128 --output_dir gs://my-bucket/wikitext-103
@@ -176,11 +180,6 @@ def check_args(args):
                 f"({describe_source(args)}); pass {flag} (a glob over the dataset's text files, "
                 "e.g. in a bucket), or run without --runner and --streaming."
             )
-        if corpus.local_format(pattern) != "text":
-            raise UsageError(
-                f"--runner reads plain text (one document per line), but {flag} {pattern} is "
-                f"{corpus.local_format(pattern)}; convert it to text, or run without --runner."
-            )
         beam_launcher.check_options(
             args.beam_argv,
             tokenizer=args.tokenizer_name_or_path,
@@ -209,12 +208,11 @@ def describe_source(args):
 
 
 def file_rows(args, files):
-    """The rows of each input file in turn (a Hub dataset: its split, one stream): plain text line
-    by line, local tabular files streamed by datasets (so nothing goes to its cache)."""
+    """The rows of each input file in turn, streamed in any format corpus.file_rows reads (a Hub
+    dataset: its split, one stream)."""
     if files is None:
         dataset = corpus.load_split(
             args.split,
-            None,
             args.dataset_name,
             args.dataset_config,
             trust_remote_code=args.trust_remote_code,
@@ -222,11 +220,7 @@ def file_rows(args, files):
         )
         yield corpus.dataset_column(dataset, args.text_column, args.batch_size)
     for path in files or ():
-        if corpus.local_format(path) == "text":
-            yield corpus.text_file_lines(path, args.text_column)
-        else:
-            dataset = corpus.load_split(args.split, path, None, None, streaming=True)
-            yield corpus.dataset_column(dataset, args.text_column, args.batch_size)
+        yield corpus.file_rows(path, args.text_column)
 
 
 def split_blocks(args, files, tally):
@@ -453,6 +447,7 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
             split_dir=split_dir,
             batch_size=args.batch_size,
             limit=args.limit,
+            text_column=args.text_column,
             packing_text=PACKING,
         )
     except BaseException:

@@ -136,14 +136,14 @@ def check_args(args):
 
 
 def corpus_rows(args, files, source):
-    """The first --limit texts (all without it): text files line by line (no Arrow cache to build:
-    training starts at once), the rest through datasets; a reading error is one line too."""
-    if files is not None and corpus.local_format(files[0]) == "text":
-        rows = (line for path in files for line in corpus.text_file_lines(path, args.text_column))
+    """The first --limit texts (all without it): files streamed one after another in any format
+    corpus.file_rows reads (no Arrow cache to build: training starts at once), a Hub dataset through
+    datasets; a reading error is one line too."""
+    if files is not None:
+        rows = (text for path in files for text in corpus.file_rows(path, args.text_column))
     else:
         dataset = corpus.load_split(
             "train",
-            files,
             args.dataset_name,
             args.dataset_config,
             trust_remote_code=args.trust_remote_code,

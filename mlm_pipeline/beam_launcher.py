@@ -119,7 +119,18 @@ def worker_tokenizer(name, *, backend, split_special_tokens):
     return tokenizer
 
 
-def run(beam_argv, files, *, tokenizer, settings, split_dir, batch_size, limit, packing_text):
+def run(
+    beam_argv,
+    files,
+    *,
+    tokenizer,
+    settings,
+    split_dir,
+    batch_size,
+    limit,
+    text_column,
+    packing_text,
+):
     """Build the pipeline (beam_pipeline.build) and run it to its end on the runner of `beam_argv`.
     A failure anywhere (a worker, a bad line of input) raises, as a UsageError where the cause was
     one."""
@@ -139,6 +150,7 @@ def run(beam_argv, files, *, tokenizer, settings, split_dir, batch_size, limit, 
         split_dir=split_dir,
         batch_size=batch_size,
         limit=limit,
+        text_column=text_column,
         packing_text=packing_text,
     )
     # Beam's local worker processes print every failure's traceback to the stderr they share with

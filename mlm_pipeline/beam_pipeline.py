@@ -10,13 +10,18 @@ past one machine.
     # whole command
 
 The pipeline writes what the single process writes, byte for byte, manifest included:
-1. Index: each input file is read once and its line breaks counted (corpus.block_starts) to find
-   where each block of --rows_per_block lines starts. Counting breaks runs at memory speed, far
-   above tokenizing.
+1. Index: each input file's rows are counted, and for plain text where each block of
+   --rows_per_block lines starts. Plain text has its line breaks counted (corpus.block_starts, at
+   memory speed, far above tokenizing) with each block's byte offset; compressed text is counted
+   the same way as it is decompressed; a Parquet file's row count is in its footer; JSON lines and
+   CSV are read through (corpus.count_rows), which also finds a bad line before any packing.
 2. Number: the files' blocks are numbered in file order, as the single process numbers them, and
    --limit cuts the rows past it.
-3. Pack: each block is read from its start, tokenized, packed and written as its own shards
-   (packing.pack_block), on whichever worker the runner hands it to.
+3. Pack: each block is read, tokenized, packed and written as its own shards (packing.pack_block),
+   on whichever worker the runner hands it to. A block of plain text is read from its byte offset;
+   one of a file that cannot be entered midway (compressed, JSON lines, CSV) is read from the
+   file's start, its first rows read and dropped (decompressing and parsing run far above
+   tokenizing); one of a Parquet file from the row group that holds its first row.
 4. Manifest: the blocks' summaries are gathered and manifest.json is written, last.
 
 There is no GroupByKey of the sequences (tensorflow-datasets' BeamWriter groups records by shard): a
@@ -26,12 +31,14 @@ output: a block, the unit of work, is fixed by the input and the flags alone, an
 writes the same files again.
 
 This module is what the workers run. Workers need apache-beam, tokenizers, numpy and google-crc32c,
-and this package (setup.py): no TensorFlow, no transformers. Each loads the tokenizer itself, from a
+and this package (setup.py), and read Parquet and zstd with pyarrow and zstandard, which come with
+apache-beam: no TensorFlow, no transformers. Each loads the tokenizer itself, from a
 folder (local, or gs:// for Dataflow) or a Hub id, and checks it against the fingerprint of the one
 the launcher loaded. The launcher's side, the checks before any work, the runner and the errors, is
 in beam_launcher.py.
 """
 
+import contextlib
 import itertools
 import os
 from typing import NamedTuple, Optional
@@ -45,17 +52,34 @@ from .contract import MANIFEST_NAME, TOKENIZER_FILE
 from .errors import UsageError
 
 
-def build(pipeline, files, *, settings, tokenizer, split_dir, batch_size, limit, packing_text):
+def build(
+    pipeline,
+    files,
+    *,
+    settings,
+    tokenizer,
+    split_dir,
+    batch_size,
+    limit,
+    text_column,
+    packing_text,
+):
     """The pipeline's steps, from the input files to manifest.json. `tokenizer` is the
-    WorkerTokenizer every worker loads; `settings` are the split's (split_manifest.split_settings).
-    """
+    WorkerTokenizer every worker loads; `settings` are the split's (split_manifest.split_settings);
+    `text_column` is the column read from JSON lines, CSV and Parquet files."""
     rows_per_block = settings["rows_per_block"]
-    pack = PackBlock(tokenizer, split_dir=split_dir, settings=settings, batch_size=batch_size)
+    pack = PackBlock(
+        tokenizer,
+        split_dir=split_dir,
+        settings=settings,
+        batch_size=batch_size,
+        text_column=text_column,
+    )
     return (
         pipeline
         | "Input files" >> beam.Create(list(enumerate(files)))
         | "Spread the files" >> beam.Reshuffle()
-        | "Index each file's blocks" >> beam.Map(index_file, rows_per_block)
+        | "Index each file's blocks" >> beam.Map(index_file, rows_per_block, text_column)
         | "Gather the indexes" >> beam.combiners.ToList()
         | "Number the blocks" >> beam.FlatMap(number_blocks, rows_per_block, limit)
         # Without it, the runner may pack every block on the worker that numbered them.
@@ -67,24 +91,29 @@ def build(pipeline, files, *, settings, tokenizer, split_dir, batch_size, limit,
 
 
 class Block(NamedTuple):
-    """Where one block lies: its number, its file, its byte range (end None: to the file's end),
-    the number of its first line in the file, and how many rows it has."""
+    """Where one block lies: its number, its file, its byte range in a plain text file (end None: to
+    the file's end; start None: a file read from its start, its first rows dropped), the number of
+    its first row in the file (from 1), and how many rows it has."""
 
     block: int
     path: str
-    start: int
+    start: Optional[int]
     end: Optional[int]
     first_line: int
     rows: int
 
 
-def index_file(numbered_file, rows_per_block):
-    """(file number, path) -> (file number, path, the byte offset where each of its blocks starts,
-    lines)."""
+def index_file(numbered_file, rows_per_block, text_column):
+    """(file number, path) -> (file number, path, where each of its blocks starts, rows): a byte
+    offset for each block of a plain text file, None for each block of any other."""
     number, path = numbered_file
-    with open_input(path) as file:
-        starts, lines = corpus.block_starts(file, rows_per_block)
-    return number, path, starts, lines
+    if corpus.file_format(path) == "text" and corpus.compression(path) is None:
+        corpus.check_text_column(text_column, ["text"], source=path)
+        with open_input(path) as file:
+            starts, lines = corpus.block_starts(file, rows_per_block)
+        return number, path, starts, lines
+    rows = corpus.count_rows(path, text_column, open_input)
+    return number, path, [None] * -(-rows // rows_per_block), rows
 
 
 def number_blocks(indexes, rows_per_block, limit):
@@ -117,10 +146,10 @@ class PackBlock(beam.DoFn):
     """A Block -> the block's summary (packing.pack_block) and its row count; its shards
     written."""
 
-    def __init__(self, tokenizer, *, split_dir, settings, batch_size):
+    def __init__(self, tokenizer, *, split_dir, settings, batch_size, text_column):
         super().__init__()
         self.tokenizer, self.split_dir = tokenizer, split_dir
-        self.settings, self.batch_size = settings, batch_size
+        self.settings, self.batch_size, self.text_column = settings, batch_size, text_column
 
     def setup(self):
         # One core a worker: the tokenizer's own thread pool would make N workers use N x the cores.
@@ -135,17 +164,26 @@ class PackBlock(beam.DoFn):
             shard_size=self.settings["shard_size"],
             write_shard=write_shard,
         )
-        with open_input(block.path) as file:
-            text = corpus.ByteRange(file, block.start, block.end)
-            lines = corpus.text_lines(text, block.path, block.first_line)
+        with contextlib.closing(self.block_rows(block)) as rows:
             encoded = (
                 (len(texts), packing.encode_texts(self.backend, texts))
-                for texts in corpus.text_batches(
-                    itertools.islice(lines, block.rows), self.batch_size
-                )
+                for texts in corpus.text_batches(rows, self.batch_size)
             )
             summary = packing.pack_block(block.block, encoded, self.settings["max_length"], shards)
         yield summary, block.rows
+
+    def block_rows(self, block):
+        """The texts of the block's rows, read as the single process reads them."""
+        if block.start is None:
+            skip = block.first_line - 1
+            rows = corpus.file_rows(block.path, self.text_column, open_input, skip=skip)
+            with contextlib.closing(rows):
+                yield from itertools.islice(rows, block.rows)
+            return
+        with open_input(block.path) as file:
+            text = corpus.ByteRange(file, block.start, block.end)
+            lines = corpus.text_lines(text, block.path, block.first_line)
+            yield from itertools.islice(lines, block.rows)
 
 
 def load_backend(tokenizer):
@@ -179,6 +217,8 @@ def write_manifest(packed, split_dir, settings, packing_text):
 
 
 def open_input(path):
+    """A file's bytes as stored: corpus.file_rows decompresses them as the single process does (and,
+    unlike Beam's own decompression, refuses a file cut short)."""
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 

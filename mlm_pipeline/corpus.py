@@ -3,17 +3,31 @@ of texts.
 
 train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags (`add_corpus_flags`) and
 read their input through here, so both accept the same files and refuse bad ones in the same words.
-Plain text, whatever its extension (.txt, WikiText's .raw or .tokens, none), is read line by line
-without datasets (one document per line, split exactly as datasets' "text" builder splits it), from
-local disk or gs://; the tabular formats (.json/.jsonl, .csv, .parquet, local) and Hub datasets go
-through datasets, which can stream a Hub dataset rather than download it. Reading errors that only
-show midway (bad encoding, malformed JSON) become one line too. Nothing here needs TensorFlow but
-gs:// reading in one process: the Beam workers of prepare_tfrecord_shards.py read text through here.
+A file is read by its extension: plain text, whatever its extension (.txt, WikiText's .raw or
+.tokens, none), one document per line (split exactly as datasets' "text" builder splits it); JSON
+lines (.jsonl, .json: one object per line), CSV and Parquet by --text_column. The text formats may
+be compressed (.gz, .zst, .bz2: corpus.jsonl.gz, c4-train.00000-of-01024.json.gz, part-0.txt.zst),
+and are decompressed as they are read. Every format is read as a stream, one file after another,
+from local disk or gs://, so memory stays flat however large the corpus; Hub datasets go through
+datasets, which can stream one rather than download it.
+
+Both paths of prepare_tfrecord_shards.py read files through `file_rows`, the single process with
+`open_binary` (local files, TensorFlow's gs://), Beam's workers with Beam's own file systems, so the
+two see the same rows. Reading errors that only show midway (bad encoding, a line that is not JSON,
+a compressed file cut short) become one line that names the file and, where there is one, the line.
+Nothing here needs TensorFlow but gs:// reading in one process.
 """
 
+import bz2
+import csv
 import glob
+import gzip
+import io
 import itertools
+import json
 import os
+import zlib
+from contextlib import closing, contextmanager
 
 import numpy as np
 
@@ -21,17 +35,19 @@ from . import storage
 from .errors import UsageError, first_line, positive_int
 from .tf_startup import tensorflow_startup_log_held_back
 
-# Tabular formats, read by their datasets builder; any other file is plain text, one document per
-# line (.txt, WikiText's .raw and .tokens, no extension at all...).
-TABULAR_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# What a file holds, by its extension (the one before a compression extension): one of these
+# formats, or plain text, one document per line (.txt, WikiText's .raw and .tokens, none...).
+FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+FORMAT_NAMES = {"text": "plain text", "json": "JSON lines", "csv": "CSV", "parquet": "Parquet"}
+# Compressed text, decompressed as it is read: the last extension says how.
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bzip2", ".zst": "zstd", ".zstd": "zstd"}
 # Files that are not text but would partly decode as text: refused by name, not read as garbage.
 NOT_TEXT = (
-    ".gz",
-    ".bz2",
     ".xz",
-    ".zst",
+    ".lzma",
     ".zip",
     ".tar",
+    ".tgz",
     ".7z",
     ".docx",
     ".doc",
@@ -39,6 +55,10 @@ NOT_TEXT = (
     ".pdf",
     ".xlsx",
     ".arrow",
+)
+ACCEPTED = (
+    "plain text (one document per line), .jsonl/.json (JSON lines), .csv or .parquet, the text "
+    "formats also compressed (.gz, .zst, .bz2)"
 )
 
 
@@ -56,8 +76,9 @@ def add_corpus_flags(parser, splits):
         add(
             f"--{split}_file",
             help=f"The {split} split: a file, or a quoted glob over files read in sorted order "
-            "('corpus/*.txt'), local or gs://. Plain text is one document per line under any "
-            "extension; local .json/.jsonl, .csv and .parquet files are read by --text_column. "
+            "('corpus/*.txt', 'gs://bucket/c4/*.json.gz'), local or gs://. Plain text is one "
+            "document per line under any extension; .jsonl/.json (JSON lines), .csv and .parquet "
+            "files are read by --text_column; text formats may be compressed (.gz, .zst, .bz2). "
             "Without it, the split comes from --dataset_name.",
         )
     add(
@@ -74,16 +95,17 @@ def add_corpus_flags(parser, splits):
     add(
         "--text_column",
         default="text",
-        help="The column that holds the text in a dataset or a tabular file (default: text).",
+        help="The column that holds the text in a Hub dataset, or in JSON lines, CSV or Parquet "
+        "files (default: text).",
     )
     add("--limit", type=positive_int, help="Read only the first LIMIT rows of the split.")
     add(
         "--streaming",
         action="store_true",
-        help="Read the dataset as a stream instead of downloading the whole split into the "
+        help="Read the Hub dataset as a stream instead of downloading the whole split into the "
         "datasets cache first: nothing is written to the cache, so a corpus larger than the disk "
-        "will do (with --limit, only its first rows are read). Plain text files are always read "
-        "line by line.",
+        "will do (with --limit, only its first rows are read). Files (--train_file...) are always "
+        "read as a stream.",
     )
     add(
         "--trust_remote_code",
@@ -94,15 +116,23 @@ def add_corpus_flags(parser, splits):
     return data
 
 
-def local_format(path):
-    """The datasets builder that reads `path`: json, csv or parquet by extension, "text" for
-    anything else."""
-    return TABULAR_FORMATS.get(os.path.splitext(path)[1].lower(), "text")
+def file_format(path):
+    """What `path` holds, by its extension: "json", "csv", "parquet", or "text" for anything else.
+    A compression extension is looked through (corpus.jsonl.gz: "json")."""
+    stem, extension = os.path.splitext(path.rsplit("/", 1)[-1].lower())
+    if extension in COMPRESSIONS:
+        extension = os.path.splitext(stem)[1]
+    return FORMATS.get(extension, "text")
+
+
+def compression(path):
+    """How `path` is compressed, by its last extension: "gzip", "bzip2", "zstd", or None."""
+    return COMPRESSIONS.get(os.path.splitext(path.lower())[1])
 
 
 def check_corpus_file(path, flag, in_glob=False):
-    """A local corpus file must exist, hold something (a glob may match empty files), and not be a
-    compressed or document format."""
+    """A local corpus file must exist, hold something (a glob may match empty files), and be in a
+    format this module reads."""
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a folder; pass a path to a text corpus file.")
     if not os.path.isfile(path):
@@ -113,19 +143,25 @@ def check_corpus_file(path, flag, in_glob=False):
 
 
 def check_not_binary(path, flag):
-    extension = os.path.splitext(path)[1].lower()
-    if extension in NOT_TEXT:
+    stem, extension = os.path.splitext(path.rsplit("/", 1)[-1].lower())
+    inner = os.path.splitext(stem)[1] if extension in COMPRESSIONS else ""
+    refused = extension if extension in NOT_TEXT else inner if inner in NOT_TEXT else None
+    if refused:
         raise UsageError(
-            f"{flag} {path} has extension {extension!r}, a compressed or document format; pass "
-            "plain text (one document per line, any other extension) or one of "
-            f"{sorted(TABULAR_FORMATS)}."
+            f"{flag} {path} has extension {refused!r}, an archive or document format; pass "
+            f"{ACCEPTED}."
+        )
+    if inner == ".parquet":
+        raise UsageError(
+            f"{flag} {path} is a compressed Parquet file; Parquet compresses its own columns, so "
+            "pass the .parquet file itself."
         )
 
 
-def check_text_column(text_column, columns):
+def check_text_column(text_column, columns, source="the data"):
     if text_column not in columns:
         raise UsageError(
-            f"--text_column {text_column!r} is not in the data, whose columns are {columns}; "
+            f"--text_column {text_column!r} is not in {source}, whose columns are {list(columns)}; "
             "pass the right --text_column."
         )
 
@@ -158,18 +194,18 @@ def input_files(pattern, flag):
             "shell)."
         )
     files.sort()
-    formats = sorted({local_format(path) for path in files})
+    formats = {}  # format: its first file
+    for path in files:
+        formats.setdefault(file_format(path), path)
     if len(formats) > 1:
+        (first, one), (second, other) = list(formats.items())[:2]
         raise UsageError(
-            f"{flag} {pattern} matches files of several formats ({', '.join(formats)}); match one."
+            f"{flag} {pattern} matches files of several formats ({one} is "
+            f"{FORMAT_NAMES[first]}, {other} is {FORMAT_NAMES[second]}); narrow the pattern to "
+            "files of one format."
         )
     for path in files:
         check_not_binary(path, flag) if remote else check_corpus_file(path, flag, in_glob=True)
-    if remote and formats != ["text"]:
-        raise UsageError(
-            f"{flag} {pattern}: gs:// corpora are read as plain text (one document per line, any "
-            f"extension); copy {formats[0]} files to a local folder, or convert them to text."
-        )
     return files
 
 
@@ -178,24 +214,287 @@ def has_glob(path):
 
 
 def open_binary(path):
-    """A corpus file opened to read bytes: a local path with open(), gs:// with TensorFlow's file
-    system."""
+    """A corpus file opened to read bytes as they are stored: a local path with open(), gs:// with
+    TensorFlow's file system."""
     if storage.is_remote(path):
         import tensorflow as tf
 
-        return tf.io.gfile.GFile(path, "rb")
+        # a file as io knows one, which pyarrow needs to read Parquet
+        return io.BufferedReader(Readable(tf.io.gfile.GFile(path, "rb")), buffer_size=READ_BYTES)
     return open(path, "rb")
 
 
 def text_file_lines(path, text_column="text"):
-    """The lines of a local or gs:// text file, as datasets' "text" builder splits them (see
+    """The lines of a local or gs:// plain text file, as datasets' "text" builder splits them (see
     text_lines). Its one column is "text"."""
-    check_text_column(text_column, ["text"])
+    return file_rows(path, text_column)
+
+
+def file_rows(path, text_column="text", open_raw=open_binary, skip=0):
+    """The text of each row of a corpus file, local or gs:// (None where a row has none), in order
+    from row `skip` on: plain text line by line (blank lines are rows too), JSON lines one object a
+    line (blank lines are not rows), CSV a record a row, Parquet row by row, `text_column` of each.
+    Compressed files are decompressed as they are read. `open_raw(path)` opens the file's stored
+    bytes: `open_binary` in one process, Beam's file systems on its workers. Parquet skips whole row
+    groups without reading them; the other formats read the rows they skip."""
+    kind = file_format(path)
+    with errors_named(path), open_raw(path) as raw:
+        if kind == "parquet":
+            yield from parquet_rows(raw, path, text_column, skip)
+            return
+        with (
+            decompressed(raw, path) as file,
+            closing(ROW_READERS[kind](file, path, text_column)) as rows,
+        ):
+            yield from itertools.islice(rows, skip, None) if skip else rows
+
+
+def count_rows(path, text_column="text", open_raw=open_binary):
+    """How many rows file_rows gives for the file: from a Parquet file's footer, by counting line
+    breaks in (decompressed) plain text, by reading JSON lines and CSV through."""
+    kind = file_format(path)
+    if kind == "parquet":
+        with errors_named(path), open_raw(path) as raw:
+            return parquet_file(raw, path, text_column).metadata.num_rows
+    if kind == "text":
+        check_text_column(text_column, ["text"], source=path)
+        with errors_named(path), open_raw(path) as raw, decompressed(raw, path) as file:
+            return block_starts(file, 1)[1]
+    return sum(1 for _ in file_rows(path, text_column, open_raw))
+
+
+@contextmanager
+def errors_named(path):
+    """What the file system or a decompressor raises while `path` is read, as one line."""
     try:
-        with open_binary(path) as file:
-            yield from text_lines(file, path)
-    except OSError as error:
+        yield
+    except EOFError:  # what gzip, bz2 and ZstdReader raise for a file cut short
+        raise UsageError(
+            f"could not read {path}: it is cut short (its {compression(path)} data ends before "
+            "the end of the stream); copy or download the file again."
+        ) from None
+    except (OSError, zlib.error, *zstd_errors()) as error:
         raise UsageError(f"could not read {path}: {first_line(error)}; check the file.") from None
+
+
+@contextmanager
+def decompressed(raw, path):
+    """The bytes of `raw`, the stored file `path`, decompressed as `path`'s extension says."""
+    kind = compression(path)
+    if kind is None:
+        yield raw
+    elif kind == "gzip":
+        with gzip.GzipFile(fileobj=raw, mode="rb") as file:
+            yield file
+    elif kind == "bzip2":
+        with bz2.BZ2File(raw, mode="rb") as file:
+            yield file
+    else:
+        yield io.BufferedReader(ZstdReader(raw), buffer_size=READ_BYTES)
+
+
+def zstd_errors():
+    try:
+        import zstandard
+    except ImportError:  # then no zstd file was opened
+        return ()
+    return (zstandard.ZstdError,)
+
+
+# Compressed bytes a read: one read unpacks to this times the compression ratio (zstandard's
+# decompressobj has no cap on its output), so small, for memory to stay small even for a file far
+# more repetitive than text (some 4x: half a MB a read).
+ZSTD_READ_BYTES = 1 << 17
+
+
+class ZstdReader(io.RawIOBase):
+    """A zstd file's decompressed bytes, frame after frame (zstd -T and pzstd write several), read
+    as a file. zstandard's own stream_reader ends quietly where a file was cut short; here, as with
+    gzip and bz2, that raises EOFError."""
+
+    def __init__(self, raw):
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError(
+                "reading .zst files needs the zstandard package, which is not installed; install "
+                "it with `pip install -r requirements.txt`."
+            ) from None
+        super().__init__()
+        self.raw, self.decompressors = raw, zstandard.ZstdDecompressor()
+        self.decompressor, self.fed = self.decompressors.decompressobj(), False
+        self.buffer, self.offset = memoryview(b""), 0  # decompressed bytes, and how far read
+
+    def readable(self):
+        return True
+
+    def readinto(self, target):
+        while self.offset == len(self.buffer):
+            if self.decompressor.eof:  # a frame ended: the next, if any, needs a decompressor
+                data = self.decompressor.unused_data or self.raw.read(ZSTD_READ_BYTES)
+                if not data:
+                    return 0
+                self.decompressor = self.decompressors.decompressobj()
+            else:
+                data = self.raw.read(ZSTD_READ_BYTES)
+                if not data:
+                    if self.fed:
+                        raise EOFError("the zstd data ends inside a frame")
+                    return 0  # an empty file
+            self.fed = True
+            self.buffer, self.offset = memoryview(self.decompressor.decompress(data)), 0
+        size = min(len(target), len(self.buffer) - self.offset)
+        target[:size] = self.buffer[self.offset : self.offset + size]
+        self.offset += size
+        return size
+
+
+def plain_text_rows(file, path, text_column):
+    check_text_column(text_column, ["text"], source=path)
+    yield from text_lines(file, path)
+
+
+def json_rows(file, path, text_column):
+    """JSON lines: each non-blank line one object, whose `text_column` is the row's text."""
+    for number, line in enumerate(text_lines(file, path), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.lstrip("\ufeff") if number == 1 else line)
+        except ValueError as error:
+            raise UsageError(
+                f"could not read {path}: line {number} is not JSON ({error}); each line must be "
+                "one JSON object (JSON lines)."
+            ) from None
+        if not isinstance(row, dict):
+            raise UsageError(
+                f"could not read {path}: line {number} is a JSON {type(row).__name__}, not an "
+                "object; each line must be one JSON object (JSON lines)."
+            )
+        check_text_column(text_column, row, source=f"line {number} of {path}")
+        yield checked_text(row[text_column], text_column, f"line {number} of {path}")
+
+
+def csv_rows(file, path, text_column):
+    """CSV with a header line (as datasets' "csv" builder reads it): each record's `text_column`.
+    A record may span lines (a quoted field with line breaks in it)."""
+    text = io.TextIOWrapper(Readable(file), encoding="utf-8-sig", newline="")
+    reader = csv.reader(text)
+    # A document may be longer than the csv module's default limit of 128 KiB a field.
+    csv.field_size_limit(2**31 - 1)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        check_text_column(text_column, header, source=path)
+        column = header.index(text_column)
+        for record in reader:
+            if record:  # a blank line holds no record
+                yield record[column] if column < len(record) else None
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"could not read {path}: it is not UTF-8 text (near line {reader.line_num + 1}); "
+            "convert it to UTF-8 (e.g. iconv -f <its encoding> -t utf-8)."
+        ) from None
+    except csv.Error as error:
+        raise UsageError(
+            f"could not read {path}: line {reader.line_num} is not CSV ({error}); check the file."
+        ) from None
+
+
+class Readable(io.RawIOBase):
+    """Any object with read(size) (TensorFlow's GFile, GzipFile...) as a raw stream that io's
+    readers and writers accept; seekable when the object is."""
+
+    def __init__(self, file):
+        super().__init__()
+        self.file = file
+
+    def readable(self):
+        return True
+
+    def readinto(self, target):
+        data = self.file.read(len(target))
+        target[: len(data)] = data
+        return len(data)
+
+    def seekable(self):
+        return hasattr(self.file, "seek")
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        self.file.seek(offset, whence)
+        return self.file.tell()
+
+    def tell(self):
+        return self.file.tell()
+
+    def close(self):
+        if hasattr(self.file, "close") and not self.closed:
+            self.file.close()
+        super().close()
+
+
+def parquet_file(raw, path, text_column):
+    """The Parquet file, once its footer is read and its `text_column` found to hold strings."""
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        parquet = pyarrow.parquet.ParquetFile(raw)
+    except (pyarrow.ArrowException, OSError) as error:
+        raise UsageError(
+            f"could not read {path}: it is not a Parquet file that can be read "
+            f"({first_line(error)}); check the file, or write it again."
+        ) from None
+    schema = parquet.schema_arrow
+    check_text_column(text_column, schema.names, source=path)
+    kind = schema.field(text_column).type
+    text_types = (pyarrow.types.is_string, pyarrow.types.is_large_string)
+    if not any(is_text(kind) for is_text in (*text_types, pyarrow.types.is_string_view)):
+        raise UsageError(
+            f"--text_column {text_column!r} of {path} holds {kind}, not text; pass the column "
+            "that holds the text."
+        )
+    return parquet
+
+
+def parquet_rows(raw, path, text_column, skip):
+    import pyarrow
+
+    parquet = parquet_file(raw, path, text_column)
+    metadata = parquet.metadata
+    groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+    first = 0
+    while first < len(groups) and groups[first] <= skip:  # whole row groups skipped unread
+        skip -= groups[first]
+        first += 1
+    batches = parquet.iter_batches(
+        batch_size=PARQUET_BATCH, row_groups=list(range(first, len(groups))), columns=[text_column]
+    )
+    try:
+        for batch in batches:
+            texts = batch.column(0).to_pylist()
+            yield from texts[skip:]
+            skip = max(0, skip - len(texts))
+    except (pyarrow.ArrowException, OSError) as error:
+        raise UsageError(
+            f"could not read {path}: {first_line(error)}; check the file, or write it again."
+        ) from None
+
+
+PARQUET_BATCH = 4096  # rows a read: a few MB of text
+
+
+def checked_text(value, text_column, where):
+    if value is not None and not isinstance(value, str):
+        raise UsageError(
+            f"--text_column {text_column!r} holds {json.dumps(value)[:40]}, not text, in {where}; "
+            "pass the column that holds the text."
+        )
+    return value
+
+
+ROW_READERS = {"text": plain_text_rows, "json": json_rows, "csv": csv_rows}
 
 
 READ_BYTES = 1 << 22  # 4 MiB a read: few requests to Cloud Storage, little memory
@@ -304,20 +603,13 @@ def text_batches(rows, batch_size):
         yield batch
 
 
-def load_split(split, path, dataset_name, dataset_config, trust_remote_code=False, streaming=False):
-    """A split as a datasets object: local files (a path, or the list input_files gives), or a Hub
-    dataset's split. Without `streaming` it is downloaded to (or, for local files, converted into)
-    the datasets cache first; with it, rows are read as they are used: nothing is copied to the
-    cache and memory stays flat, whatever the corpus's size."""
+def load_split(split, dataset_name, dataset_config, trust_remote_code=False, streaming=False):
+    """A Hub dataset's split as a datasets object. Without `streaming` it is downloaded to the
+    datasets cache first; with it, rows are read as they are used: nothing is copied to the cache
+    and memory stays flat, whatever the corpus's size. (Files are read by file_rows.)"""
     import datasets
 
     try:
-        if path is not None:
-            files = [path] if isinstance(path, str) else list(path)
-            data_files = {split: files}
-            return datasets.load_dataset(
-                local_format(files[0]), data_files=data_files, split=split, streaming=streaming
-            )
         # only this split's files are fetched
         extra = {"trust_remote_code": True} if trust_remote_code else {}
         return datasets.load_dataset(
@@ -325,7 +617,7 @@ def load_split(split, path, dataset_name, dataset_config, trust_remote_code=Fals
         )
     except Exception as error:
         # datasets raises many kinds; the user needs the source and the first reason
-        raise UsageError(cannot_read(path or f"{dataset_name}/{dataset_config}", error)) from None
+        raise UsageError(cannot_read(f"{dataset_name}/{dataset_config}", error)) from None
 
 
 def dataset_column(dataset, text_column, batch_size):

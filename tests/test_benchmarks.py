@@ -62,6 +62,13 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
         else:
             assert "Apache Beam is not installed" in output
 
+    def corpus_formats(output):
+        for extension in ("txt", "jsonl.gz"):  # files MB, wall, MB/s, CPU, peak RSS, same shards
+            figures = r"\| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d,]+ \| yes \|"
+            row = rf"\| 1x \([\d.]+ MB of text\) \| {re.escape(extension)} {figures}"
+            assert re.search(row, output), output
+        assert_row(output, "jsonl.gz", figures=3)  # peak RSS at 1x, at 2x, and their ratio
+
     def training_speed(output):
         assert_row(output, "sparse", figures=5)  # "vs full" needs the full variant too
         assert re.search(r"Input pipeline alone: [\d,]+ sequences/s .* \*\*\d+x\*\*", output)
@@ -109,6 +116,11 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             ["--train_file", corpus["train"], "--tokenizer", tokenizer_dir, "--max_length", 32]
             + ["--repeats", 1, "--rounds", 1, "--scales", 1, "--ways", "single", "beam 2 workers"],
             prepare_shards,
+        ),
+        "corpus_formats.py": (
+            ["--train_file", corpus["train"], "--tokenizer", tokenizer_dir, "--max_length", 32]
+            + ["--scales", 1, 2, "--formats", "jsonl.gz", "--parts", 2, "--sample_every", 0.05],
+            corpus_formats,
         ),
         "training_speed.py": (
             ["--train_dataset", train, "--tokenizer", tokenizer_dir, "--variants", "sparse"]

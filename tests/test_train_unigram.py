@@ -343,12 +343,18 @@ def test_plain_text_under_any_extension_is_read_as_text(corpus, tokenizer_dir, t
     ).read_bytes()
 
 
-def test_a_compressed_corpus_is_refused_by_name(corpus, tmp_path):
-    path = tmp_path / "train.txt.gz"
-    path.write_bytes(corpus["train"].read_bytes())
-    with pytest.raises(train_unigram.UsageError, match=r"'\.gz', a compressed or document format"):
-        train(path, tmp_path / "tokenizer")
-    assert not (tmp_path / "tokenizer").exists()
+def test_an_archive_and_a_gz_file_that_is_not_gzip_are_refused_by_name(corpus, tmp_path):
+    """.xz is not read (an archive format here); a .gz file is read as gzip, and one that is not
+    gzip (plain text named .gz) is refused by name, not read as garbage."""
+    for name, error in (
+        ("train.txt.xz", r"'\.xz', an archive or document format"),
+        ("train.txt.gz", r"train\.txt\.gz: BadGzipFile: Not a gzipped file"),
+    ):
+        path = tmp_path / name
+        path.write_bytes(corpus["train"].read_bytes())
+        with pytest.raises(train_unigram.UsageError, match=error):
+            train(path, tmp_path / "tokenizer")
+        assert not (tmp_path / "tokenizer").exists()
 
 
 # Many files: a glob over local files, and a dataset read as a stream.
