@@ -48,6 +48,7 @@ from mlm_pipeline import (
     beam_launcher,
     contract,
     corpus,
+    hub_datasets,
     packing,
     split_folder,
     split_manifest,
@@ -211,7 +212,7 @@ def file_rows(args, files):
     """The rows of each input file in turn, streamed in any format corpus.file_rows reads (a Hub
     dataset: its split, one stream)."""
     if files is None:
-        dataset = corpus.load_split(
+        dataset = hub_datasets.load_split(
             args.split,
             args.dataset_name,
             args.dataset_config,

@@ -29,7 +29,7 @@ import itertools
 import json
 import os
 
-from mlm_pipeline import contract, corpus, hub, storage, tokenizer_card
+from mlm_pipeline import contract, corpus, hub, hub_datasets, storage, tokenizer_card
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
@@ -142,7 +142,7 @@ def corpus_rows(args, files, source):
     if files is not None:
         rows = (text for path in files for text in corpus.file_rows(path, args.text_column))
     else:
-        dataset = corpus.load_split(
+        dataset = hub_datasets.load_split(
             "train",
             args.dataset_name,
             args.dataset_config,

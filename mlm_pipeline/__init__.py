@@ -19,8 +19,9 @@ against the imports.
                                 short-lived probe); files written whole, folders published
     contract           1 2 3 4  the files the steps hand on: names, manifest keys, the record
                                 feature, loading the tokenizer
-    corpus             1 2   4  local or gs:// files (globs too) or a Hub dataset (streamed or not)
-                                as texts
+    corpus             1 2      local or gs:// corpus files, one or a glob: plain text, JSON lines,
+                                CSV, Parquet, the text formats also compressed, read as a stream
+    hub_datasets       1 2   4  a Hub dataset's split, downloaded or streamed, through datasets
     hub                1   3 4  Hub repositories and one-commit pushes over HTTP, failures in one
                                 line
     cards              1   3 4  what every README.md card shares: the metadata block, folders
@@ -31,7 +32,8 @@ against the imports.
     split_manifest       2      a finished split's manifest.json, built from what each block gave
     split_folder         2      a split's folder while it is written: checks, clean-up, its
                                 manifest last
-    beam_pipeline        2      the step on Apache Beam: the pipeline graph and what its workers run
+    beam_pipeline        2      the step on Apache Beam: the pipeline graph, what its workers run,
+                                and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,
                                 the runner, the run and its errors
     hosts                  3 4  the TPU connected, or the strategy without one; on several hosts,

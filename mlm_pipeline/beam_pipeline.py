@@ -11,10 +11,10 @@ past one machine.
 
 The pipeline writes what the single process writes, byte for byte, manifest included:
 1. Index: each input file's rows are counted, and for plain text where each block of
-   --rows_per_block lines starts. Plain text has its line breaks counted (corpus.block_starts, at
+   --rows_per_block lines starts. Plain text has its line breaks counted (block_starts, at
    memory speed, far above tokenizing) with each block's byte offset; compressed text is counted
    the same way as it is decompressed; a Parquet file's row count is in its footer; JSON lines and
-   CSV are read through (corpus.count_rows), which also finds a bad line before any packing.
+   CSV are read through (count_rows), which also finds a bad line before any packing.
 2. Number: the files' blocks are numbered in file order, as the single process numbers them, and
    --limit cuts the rows past it.
 3. Pack: each block is read, tokenized, packed and written as its own shards (packing.pack_block),
@@ -44,6 +44,7 @@ import os
 from typing import NamedTuple, Optional
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -110,9 +111,9 @@ def index_file(numbered_file, rows_per_block, text_column):
     if corpus.file_format(path) == "text" and corpus.compression(path) is None:
         corpus.check_text_column(text_column, ["text"], source=path)
         with open_input(path) as file:
-            starts, lines = corpus.block_starts(file, rows_per_block)
+            starts, lines = block_starts(file, rows_per_block)
         return number, path, starts, lines
-    rows = corpus.count_rows(path, text_column, open_input)
+    rows = count_rows(path, text_column, open_input)
     return number, path, [None] * -(-rows // rows_per_block), rows
 
 
@@ -181,7 +182,7 @@ class PackBlock(beam.DoFn):
                 yield from itertools.islice(rows, block.rows)
             return
         with open_input(block.path) as file:
-            text = corpus.ByteRange(file, block.start, block.end)
+            text = ByteRange(file, block.start, block.end)
             lines = corpus.text_lines(text, block.path, block.first_line)
             yield from itertools.islice(lines, block.rows)
 
@@ -238,3 +239,67 @@ def write_whole(path, data):
 
 def rename(source, target):
     FileSystems.rename([source], [target])
+
+
+# --- reading a file in blocks: what only the pipeline needs of a corpus file
+
+
+def count_rows(path, text_column="text", open_raw=corpus.open_binary):
+    """How many rows file_rows gives for the file: from a Parquet file's footer, by counting line
+    breaks in (decompressed) plain text, by reading JSON lines and CSV through."""
+    kind = corpus.file_format(path)
+    if kind == "parquet":
+        with corpus.errors_named(path), open_raw(path) as raw:
+            return corpus.parquet_file(raw, path, text_column).metadata.num_rows
+    if kind == "text":
+        corpus.check_text_column(text_column, ["text"], source=path)
+        with (
+            corpus.errors_named(path),
+            open_raw(path) as raw,
+            corpus.decompressed(raw, path) as file,
+        ):
+            return block_starts(file, 1)[1]
+    return sum(1 for _ in corpus.file_rows(path, text_column, open_raw))
+
+
+def block_starts(binary_file, rows_per_block):
+    """Where each block of `rows_per_block` lines of a text file starts, as byte offsets (the first
+    is 0), and the file's line count, the lines counted as corpus.text_lines splits them. With
+    these a Beam worker reads any block of a file by seeking to its start. Line breaks are found
+    with numpy, at memory speed: this first pass over a file costs far less than tokenizing it."""
+    starts, breaks, size, last_end, held = [0], 0, 0, 0, b""
+    while True:
+        chunk = binary_file.read(corpus.READ_BYTES)
+        data = held + chunk
+        base = size - len(held)
+        size += len(chunk)
+        # \r\n or a lone \r? the next read tells
+        held = b"\r" if chunk and data.endswith(b"\r") else b""
+        body = np.frombuffer(data, dtype=np.uint8)[: len(data) - len(held)]
+        returns = np.flatnonzero(body == 13)
+        lone_returns = returns[np.append(body[1:], 0)[returns] != 10]
+        # the next line's start
+        ends = np.sort(np.concatenate([np.flatnonzero(body == 10), lone_returns])) + base + 1
+        # the break that ends a block's last line
+        first = (rows_per_block - 1 - breaks) % rows_per_block
+        starts.extend(ends[first::rows_per_block].tolist())
+        breaks += len(ends)
+        last_end = int(ends[-1]) if len(ends) else last_end
+        if not chunk:
+            break
+    lines = breaks + (1 if size > last_end else 0)
+    return starts[: -(-lines // rows_per_block)], lines
+
+
+class ByteRange:
+    """The bytes [start, end) of a seekable binary file (end None: to the file's end), read as a
+    file: one block of a text file."""
+
+    def __init__(self, binary_file, start, end=None):
+        binary_file.seek(start)
+        self.file, self.left = binary_file, float("inf") if end is None else end - start
+
+    def read(self, size):
+        data = self.file.read(int(min(size, self.left))) if self.left > 0 else b""
+        self.left -= len(data)
+        return data

@@ -29,8 +29,6 @@ import os
 import zlib
 from contextlib import closing, contextmanager
 
-import numpy as np
-
 from . import storage
 from .errors import UsageError, first_line, positive_int
 from .tf_startup import tensorflow_startup_log_held_back
@@ -247,20 +245,6 @@ def file_rows(path, text_column="text", open_raw=open_binary, skip=0):
             closing(ROW_READERS[kind](file, path, text_column)) as rows,
         ):
             yield from itertools.islice(rows, skip, None) if skip else rows
-
-
-def count_rows(path, text_column="text", open_raw=open_binary):
-    """How many rows file_rows gives for the file: from a Parquet file's footer, by counting line
-    breaks in (decompressed) plain text, by reading JSON lines and CSV through."""
-    kind = file_format(path)
-    if kind == "parquet":
-        with errors_named(path), open_raw(path) as raw:
-            return parquet_file(raw, path, text_column).metadata.num_rows
-    if kind == "text":
-        check_text_column(text_column, ["text"], source=path)
-        with errors_named(path), open_raw(path) as raw, decompressed(raw, path) as file:
-            return block_starts(file, 1)[1]
-    return sum(1 for _ in file_rows(path, text_column, open_raw))
 
 
 @contextmanager
@@ -508,9 +492,9 @@ def text_lines(binary_file, source, first_line_number=1):
     """The lines of UTF-8 text read as bytes from `binary_file`, without their line breaks, split as
     Python's text mode and datasets' "text" builder split them: \n, \r\n and a lone \r each end a
     line, and a last line without a break counts. Both paths of prepare_tfrecord_shards.py read text
-    through here, the Beam workers one block of a file at a time (block_starts says where each
-    starts), the single process whole files, so the two see the same lines. `first_line_number`
-    numbers the lines in an error message."""
+    through here, the Beam workers one block of a file at a time (beam_pipeline.block_starts says
+    where each starts), the single process whole files, so the two see the same lines.
+    `first_line_number` numbers the lines in an error message."""
     pending, number = b"", first_line_number
     while True:
         chunk = binary_file.read(READ_BYTES)
@@ -544,49 +528,6 @@ def decode_lines(data, source, first_line_number):
         ) from None
 
 
-def block_starts(binary_file, rows_per_block):
-    """Where each block of `rows_per_block` lines of a text file starts, as byte offsets (the first
-    is 0), and the file's line count, the lines counted as text_lines splits them. With these a Beam
-    worker reads any block of a file by seeking to its start. Line breaks are found with numpy, at
-    memory speed: this first pass over a file costs far less than tokenizing it."""
-    starts, breaks, size, last_end, held = [0], 0, 0, 0, b""
-    while True:
-        chunk = binary_file.read(READ_BYTES)
-        data = held + chunk
-        base = size - len(held)
-        size += len(chunk)
-        # \r\n or a lone \r? the next read tells
-        held = b"\r" if chunk and data.endswith(b"\r") else b""
-        body = np.frombuffer(data, dtype=np.uint8)[: len(data) - len(held)]
-        returns = np.flatnonzero(body == 13)
-        lone_returns = returns[np.append(body[1:], 0)[returns] != 10]
-        # the next line's start
-        ends = np.sort(np.concatenate([np.flatnonzero(body == 10), lone_returns])) + base + 1
-        # the break that ends a block's last line
-        first = (rows_per_block - 1 - breaks) % rows_per_block
-        starts.extend(ends[first::rows_per_block].tolist())
-        breaks += len(ends)
-        last_end = int(ends[-1]) if len(ends) else last_end
-        if not chunk:
-            break
-    lines = breaks + (1 if size > last_end else 0)
-    return starts[: -(-lines // rows_per_block)], lines
-
-
-class ByteRange:
-    """The bytes [start, end) of a seekable binary file (end None: to the file's end), read as a
-    file: one block of a text file."""
-
-    def __init__(self, binary_file, start, end=None):
-        binary_file.seek(start)
-        self.file, self.left = binary_file, float("inf") if end is None else end - start
-
-    def read(self, size):
-        data = self.file.read(int(min(size, self.left))) if self.left > 0 else b""
-        self.left -= len(data)
-        return data
-
-
 def counted(rows, tally):
     """The rows, unchanged; `tally["rows"]` (a collections.Counter) goes up by one as each passes,
     so that a script can say how many rows it read once it has read them."""
@@ -601,23 +542,6 @@ def text_batches(rows, batch_size):
     texts = (text for text in rows if text is not None and text.strip())
     while batch := list(itertools.islice(texts, batch_size)):
         yield batch
-
-
-def load_split(split, dataset_name, dataset_config, trust_remote_code=False, streaming=False):
-    """A Hub dataset's split as a datasets object. Without `streaming` it is downloaded to the
-    datasets cache first; with it, rows are read as they are used: nothing is copied to the cache
-    and memory stays flat, whatever the corpus's size. (Files are read by file_rows.)"""
-    import datasets
-
-    try:
-        # only this split's files are fetched
-        extra = {"trust_remote_code": True} if trust_remote_code else {}
-        return datasets.load_dataset(
-            dataset_name, dataset_config, split=split, streaming=streaming, **extra
-        )
-    except Exception as error:
-        # datasets raises many kinds; the user needs the source and the first reason
-        raise UsageError(cannot_read(f"{dataset_name}/{dataset_config}", error)) from None
 
 
 def dataset_column(dataset, text_column, batch_size):

@@ -12,7 +12,7 @@ import csv
 import json
 import os
 
-from . import corpus
+from . import hub_datasets
 from .errors import UsageError
 
 LOCAL_FORMATS = (".tsv", ".csv", ".jsonl")
@@ -148,7 +148,7 @@ def read_hub_split(dataset_name, dataset_config, split, columns, limit=None):
     """({column: its values}, source) and the label names of a Hub dataset's split (None when its
     label column is not a ClassLabel), through the same datasets call as the other steps."""
     source = f"{dataset_name}/{dataset_config} {split}"
-    dataset = corpus.load_split(split, None, dataset_name, dataset_config)
+    dataset = hub_datasets.load_split(split, dataset_name, dataset_config)
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     if len(dataset) == 0:

@@ -30,7 +30,7 @@ from helpers import (
 from refusals import refused
 
 import prepare_tfrecord_shards as prepare
-from mlm_pipeline import corpus
+from mlm_pipeline import beam_pipeline, corpus
 
 IN_PROCESS = ["--runner", "DirectRunner"]
 TWO_PROCESSES = [
@@ -204,10 +204,10 @@ def python_text_mode_lines(data):
 
 
 def lines_block_by_block(data, rows_per_block):
-    starts, lines = corpus.block_starts(io.BytesIO(data), rows_per_block)
+    starts, lines = beam_pipeline.block_starts(io.BytesIO(data), rows_per_block)
     ends = [*starts[1:], None]
     blocks = [
-        list(corpus.text_lines(corpus.ByteRange(io.BytesIO(data), s, e), "text"))
+        list(corpus.text_lines(beam_pipeline.ByteRange(io.BytesIO(data), s, e), "text"))
         for s, e in zip(starts, ends)
     ]
     return blocks, lines
