@@ -29,6 +29,7 @@ import pytest
 from helpers import REPO
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -220,6 +221,9 @@ def missing_dependencies(pinned, packages, python):
     while changed:  # extras asked by one package of another (google-auth[requests]) spread
         changed, problems = False, []
         for key in pinned:
+            requires_python = packages[key]["metadata"].get("requires_python") or ""
+            if not SpecifierSet(requires_python).contains(f"{python}.0"):
+                problems.append((None, key, f"{key} needs Python {requires_python}"))
             for line in packages[key]["metadata"].get("requires_dist", []):
                 req = Requirement(line)
                 if not applies(req, extras[key], python):
