@@ -32,8 +32,8 @@ fi
 # transformers 5 with the CPU build of PyTorch, in a virtualenv of its own (it cannot share one with the TF
 # stack, which needs transformers 4.57): tests/test_pytorch_export.py loads run_mlm.py's PyTorch copy there.
 # torch is pinned exactly there, so pip takes a CPU wheel where one is offered (the first install takes a few
-# minutes). Made from the same Python as the test suite's (3.11: the pins were resolved on it). The smoke
-# test does not need it.
+# minutes). Made from the same Python as the test suite's (3.10, 3.11 or 3.12: the pins install on each). The
+# smoke test does not need it.
 if [[ " $* " != *" -m smoke "* ]]; then
   [ -x .venv-transformers5/bin/python ] || "$python" -m venv .venv-transformers5
   .venv-transformers5/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-export-test.txt
