@@ -115,8 +115,8 @@ class HubPusher:
             staging.cleanup()
 
     def epoch_end_callback(self, total_steps):
-        """A Keras callback that pushes a snapshot at each evaluation, in the background; none at the
-        last (the step `total_steps`), which push_final() covers."""
+        """A Keras callback that pushes a snapshot at each evaluation, in the background; none at
+        the last (the step `total_steps`), which push_final() covers."""
         import tf_keras
 
         pusher = self

@@ -1,0 +1,133 @@
+"""README's "Your corpus on a TPU VM", run as written: its commands are read from the README, so the
+walkthrough cannot drift from the code.
+
+The only changes are the ones a test on a CPU needs, each named below: the bucket is a Cloud Storage
+emulator's; later flags shrink the corpus, the tokenizer and the model to test size and put the run
+on the CPU (a later flag wins in argparse); and step 4 reads a tiny labelled set in SST-2's layout
+instead of SST-2 from the Hub. Whatever else a command says (gs:// globs of .jsonl.gz files,
+--text_column, --eval_steps, --max_eval_samples, --bfloat16, gradient accumulation, where each step
+writes) runs as the README says it.
+"""
+
+import csv
+import gzip
+import io
+import json
+import re
+import shlex
+
+import pytest
+from gcs_emulator import GcsEmulator
+from helpers import (
+    REPO,
+    TINY_MODEL,
+    VOCAB_SIZE,
+    make_corpus_lines,
+    run_command,
+    subprocess_env,
+    write_tsv,
+)
+
+BUCKET = "walkthrough-bucket"
+HEADING = "## Your corpus on a TPU VM"
+
+# What a CPU test adds to each script's command, after the README's own flags.
+TEST_SIZE = {
+    "train_unigram.py": ["--vocab_size", VOCAB_SIZE],
+    "prepare_tfrecord_shards.py": ["--max_length", 32, "--shard_size", 40],
+    "run_mlm.py": [
+        "--no_tpu",
+        "--config_overrides",
+        TINY_MODEL,
+        "--per_replica_batch_size",
+        4,
+        "--max_steps",
+        12,
+        "--eval_steps",
+        4,
+        "--max_eval_samples",
+        16,
+        "--no_pytorch_export",
+    ],
+    "run_classifier.py": ["--no_tpu", "--max_length", 32, "--num_epochs", 1],
+}
+
+
+def walkthrough_commands():
+    """[(script, [arguments])] of the README section's shell block, continuation lines joined and
+    comments dropped."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert HEADING in readme, f"README.md has no section {HEADING!r}"
+    section = readme.split(HEADING, 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    commands = []
+    for command in block.replace("\\\n", " ").splitlines():
+        if command.strip() and not command.lstrip().startswith("#"):
+            words = shlex.split(command)
+            assert words[0] == "python", f"not a python command: {command}"
+            commands.append((words[1], words[2:]))
+    return commands
+
+
+def jsonl_gz(documents):
+    rows = (json.dumps({"id": index, "text": text}) for index, text in enumerate(documents))
+    return gzip.compress("".join(row + "\n" for row in rows).encode("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+    emulator = GcsEmulator(tmp_path_factory.mktemp("gcs_emulator")).start()
+    try:
+        emulator.create_bucket(BUCKET)
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def test_the_readme_walkthrough_runs_as_written(gcs, tmp_path):
+    commands = walkthrough_commands()
+    assert [script for script, _ in commands] == [
+        "train_unigram.py",
+        "prepare_tfrecord_shards.py",
+        "prepare_tfrecord_shards.py",
+        "run_mlm.py",
+        "run_classifier.py",
+    ]
+    # The corpus as the section describes it: JSON lines, gzip-compressed, several files, with a
+    # held-out file for validation.
+    documents = [line for line in make_corpus_lines(700, seed=3) if line.strip()]
+    for part in range(3):
+        gcs.upload(BUCKET, f"corpus/part-{part:05d}.jsonl.gz", jsonl_gz(documents[part::4]))
+    gcs.upload(BUCKET, "heldout/part-00000.jsonl.gz", jsonl_gz(documents[3::4]))
+    labelled = [(" ".join(line.split()[:8]), index % 2) for index, line in enumerate(documents)]
+    train_tsv = write_tsv(tmp_path / "train.tsv", labelled[:300])
+    dev_tsv = write_tsv(tmp_path / "dev.tsv", labelled[300:360])
+    test_size = {**TEST_SIZE}
+    test_size["run_classifier.py"] = [
+        *TEST_SIZE["run_classifier.py"],
+        *["--train_file", train_tsv, "--validation_file", dev_tsv],
+    ]
+
+    env = gcs.env(base=subprocess_env())
+    for script, arguments in commands:
+        arguments = [word.replace("gs://BUCKET", f"gs://{BUCKET}") for word in arguments]
+        result = run_command(script, *arguments, *test_size[script], env=env, cwd=tmp_path)
+        assert result.returncode == 0, f"{script}: {result.stderr[-3000:]}"
+        assert "Traceback" not in result.stderr
+
+    # Step 1 wrote its tokenizer where step 2 and 3 look for it, beside the commands.
+    assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+    shards = gcs.list_objects(BUCKET, "shards/")
+    assert {"shards/train/manifest.json", "shards/validation/manifest.json"} <= set(shards)
+    manifest = json.loads(gcs.download(BUCKET, "shards/train/manifest.json"))
+    assert manifest["records"] > 0
+
+    # Step 3 evaluated every --eval_steps steps: a row of training_log.csv at each.
+    log = gcs.download(BUCKET, "roberta-base/training_log.csv").decode()
+    rows = list(csv.DictReader(io.StringIO(log)))
+    assert [int(row["step"]) for row in rows] == [4, 8, 12]
+    assert all(float(row["val_loss"]) > 0 for row in rows)
+
+    # Step 4 fine-tuned the pretrained model and scored it, in the bucket.
+    scores = json.loads(gcs.download(BUCKET, "roberta-base-sst2/eval_results.json"))
+    assert 0 <= scores["accuracy"] <= 1
