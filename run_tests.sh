@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The test suite in one command, on CPU, offline: installs the pinned requirements, Apache Beam's included, and
-# the test tools (requirements-test.txt) into .venv unless a virtualenv or conda env is active, then runs
-# pytest. Extra arguments go to pytest.
+# The test suite in one command, on CPU: installs the pinned requirements, Apache Beam's included, and the
+# test tools (requirements-test.txt) into .venv unless a virtualenv or conda env is active, then runs pytest.
+# Offline but for tests/test_requirements.py, which asks the package index (-m "not network" skips it).
+# Extra arguments go to pytest. README.md, "Two commands", says how long it takes.
 #
-#   bash run_tests.sh                 # everything, one pytest worker per core: 7.5 minutes on 2 cores
+#   bash run_tests.sh                 # everything, one pytest worker per core
 #   bash run_tests.sh -m smoke        # the end-to-end smoke test alone, about a minute: the line for your CI
 #   bash run_tests.sh --tpu           # the smoke test on TensorFlow's TPU build (requirements-tpu.txt, .venv-tpu)
 #   bash run_tests.sh -k masking      # one part

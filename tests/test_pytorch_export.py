@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import REPO, TINY_MODEL, flags, mlm_flags, subprocess_env
+from packaging.markers import Marker
 
 import run_mlm
 from mlm_pipeline import contract, model_folder
@@ -80,8 +81,13 @@ def trained(shards_dir, tokenizer_dir, tmp_path_factory):
 
 
 def pinned_version(package):
+    """The version requirements-export-test.txt pins `package` at for this Python (a line may hold
+    an environment marker: `transformers==5.20.2; python_version < "3.11"`)."""
     text = TRANSFORMERS5_REQUIREMENTS.read_text()
-    return re.search(rf"^{package}==(\S+)$", text, flags=re.MULTILINE).group(1)
+    for version, marker in re.findall(rf"^{package}==([^\s;]+)(?:\s*;\s*([^#\n]+))?", text, re.M):
+        if not marker or Marker(marker.strip()).evaluate():
+            return version
+    raise AssertionError(f"requirements-export-test.txt pins no {package} for this Python")
 
 
 @pytest.fixture(scope="module")
