@@ -22,7 +22,7 @@ padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES p
         --streaming --max_length 128 --output_dir gs://my-bucket/wikitext-103
 
     # past one machine: the same step as an Apache Beam pipeline, here on every core of this one; on
-    # Dataflow, see README.md ("Past one machine") and mlm_pipeline/beam_pipeline.py
+    # Dataflow, see README.md ("Several hosts, and Apache Beam") and mlm_pipeline/beam_pipeline.py
     python prepare_tfrecord_shards.py --train_file 'gs://my-bucket/corpus/*.txt' --split train \
         --tokenizer_name_or_path gs://my-bucket/tokenizer --output_dir gs://my-bucket/shards \
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing

@@ -31,12 +31,12 @@ for split in train validation; do
     --tokenizer_name_or_path "$out/tokenizer" --max_length 128 --output_dir "$out/shards" --overwrite_output_dir
 done
 
-# The CPU recipe of README.md, "A 20-minute CPU budget at 128 tokens". The tokenizer above has 4,000 pieces:
+# The CPU recipe of BENCHMARKS.md ("Machines and data", "Quality per minute"). The tokenizer above has 4,000 pieces:
 # a smaller embedding table and output layer make each step cheaper. The first 40% of the steps see each
 # 128-token sequence cut into 8 pieces of 16 tokens (as many tokens a step), where a model leaves the "answer
 # 'the' everywhere" plateau far sooner; the rest trains all 128 positions. Training masks 30% of the tokens
 # (evaluation keeps 15%), the learning rate holds its peak until the last 25% of the steps, and batches of 16
-# buy more steps a minute. Dropout is off, as in every run of that budget table. The README's recipe also
+# buy more steps a minute. Dropout is off, as in every run of that budget table. The recipe there also
 # lower-cases and masks 15%, for a lower-cased task downstream; Python's documentation is cased and this
 # model ends at fill-mask, so it keeps the choices that reach [MASK] accuracy soonest.
 

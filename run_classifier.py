@@ -104,7 +104,7 @@ def parse_args(argv=None):
         help="pad every training batch to --max_length (always on a TPU), instead of to the "
         "shortest of 16, 32, 64... tokens that holds its examples",
     )
-    # The defaults fine-tune the README's small CPU models on SST-2 in 2.5 minutes on 2 cores:
+    # The defaults fine-tune BENCHMARKS.md's small CPU models on SST-2 in 2.5 minutes on 2 cores:
     # 2 epochs of 32 examples a batch at a peak of 3e-4 through the first token's head, no dropout
     # but the pretrained config's. On SST-2's validation split (BENCHMARKS.md) they beat peaks of
     # 1e-4, 2e-4 and 1e-3, dropout 0.1, one or three epochs, 128 tokens, and a head on the mean of
@@ -136,7 +136,7 @@ def parse_args(argv=None):
         "--dropout",
         type=fraction_below_one,
         help="the dropout rate in the encoder and the new head while fine-tuning; when not given, "
-        "the pretrained config's (the README's CPU recipe pretrains with none)",
+        "the pretrained config's (BENCHMARKS.md's CPU recipe pretrains with none)",
     )
     add("--seed", type=int, default=42, help="seed of the new head's weights and the shuffling")
     add("--hub_model_id", help="also push the classifier to this Hub repository (namespace/name)")

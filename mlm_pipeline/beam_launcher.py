@@ -49,7 +49,7 @@ def check_options(beam_argv, *, tokenizer, output_dir, inputs):
     if unknown:
         raise UsageError(
             f"{unknown[0]} is neither a flag of this script nor a Beam pipeline option; check its "
-            "spelling (see --help, and the Beam pipeline options in README.md)."
+            "spelling (see --help, and the Beam pipeline options in docs/reference.md)."
         )
     runner = options.view_as(StandardOptions).runner
     try:

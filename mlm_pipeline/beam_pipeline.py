@@ -6,8 +6,8 @@ past one machine.
         --tokenizer_name_or_path tokenizer --output_dir shards \
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing
 
-    # Google Cloud Dataflow: README.md, "Past one machine: Apache Beam and Dataflow", has the
-    # whole command
+    # Google Cloud Dataflow: README.md, "Several hosts, and Apache Beam", has the whole command,
+    # docs/reference.md how the pipeline works
 
 The pipeline writes what the single process writes, byte for byte, manifest included:
 1. Index: each input file's rows are counted, and for plain text where each block of
