@@ -41,6 +41,30 @@ from helpers import (  # noqa: E402
 
 from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
 
+# The files that take longest, longest first (measured with `pytest --durations`). run_tests.sh
+# hands whole files to one worker per core in collection order: started last, one of these would
+# leave the other worker idle for minutes at the end of the run.
+LONGEST_FILES = (
+    "test_recipe.py",
+    "test_corpus_formats.py",
+    "test_benchmarks.py",
+    "test_requirements.py",
+    "test_gcs.py",
+    "test_hub.py",
+    "test_resume.py",
+    "test_walkthrough.py",
+    "test_eval_steps.py",
+    "test_smoke.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # a stable sort: within a file, and among the rest, the order stays
+
 
 @pytest.fixture(scope="session", autouse=True)
 def isolated_hf_cache(tmp_path_factory):
