@@ -5,9 +5,10 @@ train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags (`add
 read their input through here, so both accept the same files and refuse bad ones in the same words.
 A file is read by its extension: plain text, whatever its extension (.txt, WikiText's .raw or
 .tokens, none), one document per line (split exactly as datasets' "text" builder splits it); JSON
-lines (.jsonl, .json: one object per line), CSV and Parquet by --text_column. The text formats may
-be compressed (.gz, .zst, .bz2: corpus.jsonl.gz, c4-train.00000-of-01024.json.gz, part-0.txt.zst),
-and are decompressed as they are read. Every format is read as a stream, one file after another,
+lines (.jsonl, .json: one object per line, or one JSON array of them, read whole), CSV and Parquet
+by --text_column. The text formats may be compressed (.gz, .zst, .bz2: corpus.jsonl.gz,
+c4-train.00000-of-01024.json.gz, part-0.txt.zst), and are decompressed as they are read. Every
+format but a JSON array is read as a stream, one file after another,
 from local disk or gs://, so memory stays flat however large the corpus; Hub datasets go through
 datasets, which can stream one rather than download it.
 
@@ -75,8 +76,9 @@ def add_corpus_flags(parser, splits):
             f"--{split}_file",
             help=f"The {split} split: a file, or a quoted glob over files read in sorted order "
             "('corpus/*.txt', 'gs://bucket/c4/*.json.gz'), local or gs://. Plain text is one "
-            "document per line under any extension; .jsonl/.json (JSON lines), .csv and .parquet "
-            "files are read by --text_column; text formats may be compressed (.gz, .zst, .bz2). "
+            "document per line under any extension; .jsonl/.json (JSON lines, or one JSON array), "
+            ".csv and .parquet files are read by --text_column; text formats may be compressed "
+            "(.gz, .zst, .bz2). "
             "Without it, the split comes from --dataset_name.",
         )
     add(
@@ -339,12 +341,22 @@ def plain_text_rows(file, path, text_column):
 
 
 def json_rows(file, path, text_column):
-    """JSON lines: each non-blank line one object, whose `text_column` is the row's text."""
-    for number, line in enumerate(text_lines(file, path), start=1):
+    """JSON lines: each non-blank line one object, whose `text_column` is the row's text. A file
+    that opens with `[` is one JSON array of such objects instead, read whole (a JSON document has
+    no line to stop at): fine for the small files people keep that way, while JSON lines stream."""
+    lines, first = enumerate(text_lines(file, path), start=1), True
+    for number, line in lines:
         if not line.strip():
             continue
+        if number == 1:
+            line = line.lstrip("\ufeff")
+        if first and line.lstrip().startswith("["):
+            text = "\n".join([line, *(rest for _, rest in lines)])
+            yield from json_array_rows(text, path, text_column)
+            return
+        first = False
         try:
-            row = json.loads(line.lstrip("\ufeff") if number == 1 else line)
+            row = json.loads(line)
         except ValueError as error:
             raise UsageError(
                 f"could not read {path}: line {number} is not JSON ({error}); each line must be "
@@ -357,6 +369,26 @@ def json_rows(file, path, text_column):
             )
         check_text_column(text_column, row, source=f"line {number} of {path}")
         yield checked_text(row[text_column], text_column, f"line {number} of {path}")
+
+
+def json_array_rows(text, path, text_column):
+    """The rows of a .json file that holds one JSON array of objects."""
+    try:
+        rows = json.loads(text)
+    except ValueError as error:
+        raise UsageError(
+            f"could not read {path}: it opens with [ but is not a JSON array ({error}); a .json "
+            "file holds JSON lines (one object a line) or one array of objects."
+        ) from None
+    for number, row in enumerate(rows, start=1):
+        where = f"item {number} of the array in {path}"
+        if not isinstance(row, dict):
+            raise UsageError(
+                f"could not read {path}: item {number} of its array is a JSON "
+                f"{type(row).__name__}, not an object; each item must be one JSON object."
+            )
+        check_text_column(text_column, row, source=where)
+        yield checked_text(row[text_column], text_column, where)
 
 
 def csv_rows(file, path, text_column):

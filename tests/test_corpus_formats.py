@@ -47,6 +47,13 @@ def json_lines(lines):
     return ("".join(json.dumps(row) + "\n" for row in rows) + "\n").encode()
 
 
+def json_array(lines):
+    """One JSON array of objects over several lines, as a .json file may hold instead of JSON
+    lines."""
+    rows = [{"id": index, "text": line or None} for index, line in enumerate(lines)]
+    return json.dumps(rows, indent=1).encode()
+
+
 def csv_bytes(lines):
     text = io.StringIO()
     writer = csv.writer(text)
@@ -82,7 +89,7 @@ WRITERS = {
     "txt.gz": lambda lines: gzip.compress(plain_text(lines)),
     "jsonl.gz": lambda lines: gzip.compress(json_lines(lines)),
     "json.zst": lambda lines: zstd_frames(json_lines(lines)),
-    "json": json_lines,
+    "json": json_array,
     "csv": csv_bytes,
     "csv.bz2": lambda lines: bz2.compress(csv_bytes(lines)),
     "parquet": parquet_bytes,
@@ -321,3 +328,21 @@ def test_a_text_column_that_holds_no_text_is_refused_by_where_it_is(tmp_path):
     pyarrow.parquet.write_table(pyarrow.table({"text": [1, 2]}), parquet_file)
     with pytest.raises(corpus.UsageError, match=r"'text' of .*rows.parquet holds int64, not text"):
         list(corpus.file_rows(str(parquet_file)))
+
+
+def test_a_json_array_that_is_broken_or_holds_no_objects_is_refused_in_one_line(tmp_path):
+    """A .json file that opens with [ is read as one array: its mistakes are named as such."""
+    from mlm_pipeline import corpus
+
+    array_file = tmp_path / "rows.json"
+    array_file.write_text('[\n {"text": "fine"},\n {"text": "cut off"\n')
+    with pytest.raises(corpus.UsageError, match=r"rows.json: it opens with \[ but is not a JSON"):
+        list(corpus.file_rows(str(array_file)))
+    array_file.write_text('[{"text": "fine"}, "a string"]')
+    with pytest.raises(corpus.UsageError, match=r"item 2 of its array is a JSON str, not an"):
+        list(corpus.file_rows(str(array_file)))
+    array_file.write_text('[{"text": "fine"}, {"body": "elsewhere"}]')
+    with pytest.raises(corpus.UsageError, match=r"'text' is not in item 2 of the array in "):
+        list(corpus.file_rows(str(array_file)))
+    array_file.write_text('\n[{"text": "one"},\n {"text": null}, {"text": "two"}]\n')
+    assert list(corpus.file_rows(str(array_file))) == ["one", None, "two"]
