@@ -8,9 +8,9 @@ A file is read by its extension: plain text, whatever its extension (.txt, WikiT
 lines (.jsonl, .json: one object per line, or one JSON array of them, read whole), CSV and Parquet
 by --text_column. The text formats may be compressed (.gz, .zst, .bz2: corpus.jsonl.gz,
 c4-train.00000-of-01024.json.gz, part-0.txt.zst), and are decompressed as they are read. Every
-format but a JSON array is read as a stream, one file after another,
-from local disk or gs://, so memory stays flat however large the corpus; Hub datasets go through
-datasets, which can stream one rather than download it.
+format but a JSON array is read as a stream, one file after another, from local disk or gs://, so
+memory stays flat however large the corpus; Hub datasets go through datasets, which can stream one
+rather than download it.
 
 Both paths of prepare_tfrecord_shards.py read files through `file_rows`, the single process with
 `open_binary` (local files, TensorFlow's gs://), Beam's workers with Beam's own file systems, so the
@@ -56,8 +56,8 @@ NOT_TEXT = (
     ".arrow",
 )
 ACCEPTED = (
-    "plain text (one document per line), .jsonl/.json (JSON lines), .csv or .parquet, the text "
-    "formats also compressed (.gz, .zst, .bz2)"
+    "plain text (one document per line), .jsonl/.json (JSON lines, or one JSON array), .csv or "
+    ".parquet, the text formats also compressed (.gz, .zst, .bz2)"
 )
 
 
@@ -116,13 +116,18 @@ def add_corpus_flags(parser, splits):
     return data
 
 
+def extensions(path):
+    """(the file name's last extension, the one before it when the last is a compression's, else
+    ""), lower-cased: corpus.jsonl.gz gives (".gz", ".jsonl")."""
+    stem, extension = os.path.splitext(path.rsplit("/", 1)[-1].lower())
+    return extension, os.path.splitext(stem)[1] if extension in COMPRESSIONS else ""
+
+
 def file_format(path):
     """What `path` holds, by its extension: "json", "csv", "parquet", or "text" for anything else.
     A compression extension is looked through (corpus.jsonl.gz: "json")."""
-    stem, extension = os.path.splitext(path.rsplit("/", 1)[-1].lower())
-    if extension in COMPRESSIONS:
-        extension = os.path.splitext(stem)[1]
-    return FORMATS.get(extension, "text")
+    extension, inner = extensions(path)
+    return FORMATS.get(inner if extension in COMPRESSIONS else extension, "text")
 
 
 def compression(path):
@@ -143,8 +148,7 @@ def check_corpus_file(path, flag, in_glob=False):
 
 
 def check_not_binary(path, flag):
-    stem, extension = os.path.splitext(path.rsplit("/", 1)[-1].lower())
-    inner = os.path.splitext(stem)[1] if extension in COMPRESSIONS else ""
+    extension, inner = extensions(path)
     refused = extension if extension in NOT_TEXT else inner if inner in NOT_TEXT else None
     if refused:
         raise UsageError(
@@ -222,12 +226,6 @@ def open_binary(path):
         # a file as io knows one, which pyarrow needs to read Parquet
         return io.BufferedReader(Readable(tf.io.gfile.GFile(path, "rb")), buffer_size=READ_BYTES)
     return open(path, "rb")
-
-
-def text_file_lines(path, text_column="text"):
-    """The lines of a local or gs:// plain text file, as datasets' "text" builder splits them (see
-    text_lines). Its one column is "text"."""
-    return file_rows(path, text_column)
 
 
 def file_rows(path, text_column="text", open_raw=open_binary, skip=0):

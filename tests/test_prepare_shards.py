@@ -381,7 +381,7 @@ def test_tfrecord_bytes_are_what_tensorflows_writer_writes(tmp_path):
     assert packing.tfrecord_bytes(records) == (tmp_path / "reference.tfrecord").read_bytes()
 
 
-def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
+def test_plain_text_rows_match_the_datasets_text_builder(tmp_path):
     import datasets
 
     # \r\n and \r are line breaks (universal newlines); \x0b, \x1c, \x85,
@@ -395,7 +395,7 @@ def test_text_file_lines_match_the_datasets_text_builder(tmp_path):
     builder = datasets.load_dataset(
         "text", data_files={"train": str(path)}, split="train", streaming=True
     )
-    assert list(corpus.text_file_lines(str(path))) == [row["text"] for row in builder]
+    assert list(corpus.file_rows(str(path))) == [row["text"] for row in builder]
 
 
 def flat(lists):
