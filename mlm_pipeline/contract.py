@@ -14,6 +14,8 @@ The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take e
 from here; run_mlm.py checks the shards it reads with shard_checks.py.
 """
 
+import hashlib
+import json
 import os
 import tempfile
 
@@ -31,6 +33,14 @@ FEATURE_NAME = "input_ids"  # the one feature of every record: int64 x max_lengt
 MANIFEST_NAME = "manifest.json"  # written last: a split's folder without it is unfinished
 # What a reader needs; each entry of "shards" holds "file", "records" and "bytes".
 MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
+
+
+def vocabulary_fingerprint(tokenizer):
+    """A short hash of what every id means (the vocabulary, added tokens included): shards and a
+    tokenizer with the same fingerprint agree on every id, whatever folder or Hub id each came
+    from. The manifest records the shards' ("vocabulary"); run_mlm.py checks its tokenizer's."""
+    pieces = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def split_dir(output_dir, split):

@@ -9,7 +9,14 @@ import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-from .contract import FEATURE_NAME, MANIFEST_KEYS, MANIFEST_NAME, SPLITS, record_features
+from .contract import (
+    FEATURE_NAME,
+    MANIFEST_KEYS,
+    MANIFEST_NAME,
+    SPLITS,
+    record_features,
+    vocabulary_fingerprint,
+)
 from .errors import UsageError, tf_error_text
 
 
@@ -157,6 +164,7 @@ def read_training_manifests(
     if eval_dataset:
         manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
     for flag, manifest in manifests.items():
+        check_vocabulary(manifest, flag, tokenizer, tokenizer_name)
         if max_length is not None and manifest["max_length"] != max_length:
             raise UsageError(
                 f"--max_length {max_length} differs from the {manifest['max_length']} of the "
@@ -178,6 +186,24 @@ def read_training_manifests(
     for flag, manifest in manifests.items():
         check_shards(manifest, flag, len(tokenizer))
     return train, evaluation
+
+
+def check_vocabulary(manifest, flag, tokenizer, tokenizer_name):
+    """Shards whose ids mean other tokens than the tokenizer's (made with another tokenizer of the
+    same size, say bert-base-uncased's for roberta-base) are refused with the command that remakes
+    them. Manifests from before the fingerprint was recorded were checked by size alone."""
+    if manifest.get("vocabulary") in (None, vocabulary_fingerprint(tokenizer)):
+        return
+    split_folder = manifest["files"][0].rsplit("/", 1)[0]
+    folder = split_folder.rsplit("/", 1)[0] if "/" in split_folder else "."
+    split, source = manifest.get("split", "train"), manifest.get("source") or "YOUR_TEXT"
+    raise UsageError(
+        f"the shards in {flag} were made with the tokenizer {manifest.get('tokenizer')!r}, whose "
+        f"vocabulary is not that of --tokenizer {tokenizer_name}, so their ids would mean other "
+        f"tokens; remake them with it: python prepare_tfrecord_shards.py --{split}_file "
+        f"'{source}' --split {split} --tokenizer_name_or_path {tokenizer_name} --max_length "
+        f"{manifest['max_length']} --output_dir {folder} --overwrite_output_dir"
+    )
 
 
 @contextlib.contextmanager

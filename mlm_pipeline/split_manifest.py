@@ -9,7 +9,7 @@ over its workers.
 import hashlib
 import json
 
-from .contract import FEATURE_NAME
+from .contract import FEATURE_NAME, vocabulary_fingerprint
 from .errors import UsageError
 
 SPECIAL_TOKENS = ("cls", "sep", "pad", "unk", "mask", "bos", "eos")
@@ -25,13 +25,15 @@ def tokenizer_fingerprint(backend):
 def split_settings(
     tokenizer, tokenizer_name, split, source, max_length, rows_per_block, shard_size
 ):
-    """What the manifest says of the run beside what the blocks gave: the tokenizer's size and
-    special ids (run_mlm.py checks them), where the text came from, and how it was cut."""
+    """What the manifest says of the run beside what the blocks gave: the tokenizer's size, the
+    fingerprint of its vocabulary and its special ids (run_mlm.py checks them), where the text came
+    from, and how it was cut."""
     return {
         "split": split,
         "source": source,
         "tokenizer": tokenizer_name,
         "vocab_size": len(tokenizer),
+        "vocabulary": vocabulary_fingerprint(tokenizer),
         "special_token_ids": {
             name: getattr(tokenizer, f"{name}_token_id") for name in SPECIAL_TOKENS
         },
@@ -64,6 +66,7 @@ def split_manifest(blocks, rows, settings, packing):
         "blocks": len(blocks),
         "packing": packing,
         "vocab_size": settings["vocab_size"],
+        "vocabulary": settings["vocabulary"],
         "special_token_ids": settings["special_token_ids"],
         "tokenizer": settings["tokenizer"],
         "source": settings["source"],
