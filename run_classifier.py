@@ -186,6 +186,7 @@ def encode(tokenizer, split, max_length, with_token_types):
         max_length=max_length,
         truncation=True,
         padding="max_length",
+        return_token_type_ids=with_token_types,  # a tokenizer may not give them unasked (RoBERTa's)
         return_tensors="np",
     )
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if with_token_types else [])

@@ -140,7 +140,7 @@ def test_from_scratch_needs_no_weights_and_learns_the_task(pretrained, labelled,
     architecture = tmp_path / "architecture"
     shutil.copytree(pretrained, architecture, ignore=shutil.ignore_patterns("tf_model.h5"))
     output_dir = tmp_path / "from_scratch"
-    with pytest.raises(UsageError, match="no TF weights"):
+    with pytest.raises(UsageError, match="holds config.json but no weights"):
         run(*classifier_flags(architecture, output_dir), *local_files(labelled))
     assert not output_dir.exists()
     argv = classifier_flags(
