@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Step 3 of 4: pretrain a masked language model from scratch on TFRecord shards (TPU, GPU, CPU).
+"""Step 3 of 4: pretrain a masked language model on TFRecord shards (TPU, GPU, CPU), from scratch
+or onward from a published model.
 
-Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py; masking in tf.data; a
-transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at the masked positions
-only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
+Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py (or the model's own);
+masking in tf.data; a transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at
+the masked positions only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
 
     # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train \
@@ -13,6 +14,12 @@ only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
     # GPUs (mirrored) or a laptop CPU: add --no_tpu. Pod slices and clusters: README.md.
     python run_mlm.py --no_tpu --train_dataset shards/train --tokenizer tokenizer \
         --output_dir model --config_overrides hidden_size=256,num_hidden_layers=4
+
+    # Continued pretraining: roberta-base's weights and tokenizer, on shards made with that
+    # tokenizer (prepare_tfrecord_shards.py --tokenizer_name_or_path roberta-base)
+    python run_mlm.py --model_name_or_path roberta-base \
+        --train_dataset gs://my-bucket/domain/train \
+        --eval_dataset gs://my-bucket/domain/validation --output_dir gs://my-bucket/roberta-domain
 
 Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipeline/.
 """
@@ -31,6 +38,7 @@ from mlm_pipeline import (
     metrics,
     model_config,
     model_folder,
+    pretrained_model,
     segments,
     shard_checks,
     storage,
@@ -56,6 +64,7 @@ from mlm_pipeline.pytorch_export import check_pytorch_export, write_pytorch_copy
 # Flags that shape the batches and the optimizer: a resumed run must have the same (the model card
 # shows them, and CARD_SETTINGS); --gradient_accumulation_steps may change: the same steps.
 RESUME_SETTINGS = (
+    "model_name_or_path",
     "seed",
     "learning_rate",
     "mlm_probability",
@@ -73,7 +82,7 @@ RESUME_SETTINGS = (
     "short_sequence_ratio",
 )
 CARD_SETTINGS = ("per_replica_batch_size", "gradient_accumulation_steps", "mlm_head", "bfloat16")
-CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "tokenizer")
+CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "model_name_or_path")
 
 
 def flag_values(args, names):
@@ -83,7 +92,8 @@ def flag_values(args, names):
 
 def parse_args(argv=None):
     parser = OneLineErrorParser(
-        description="Pretrain a masked language model from scratch on TFRecord shards.",
+        description="Pretrain a masked language model on TFRecord shards, from scratch or from "
+        "a published model.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument_group("data").add_argument
@@ -103,7 +113,11 @@ def parse_args(argv=None):
         help="Score only the first this many sequences of --eval_dataset, in whole global "
         "batches (on several hosts, each host's first share); all of them when not given.",
     )
-    add("--tokenizer", required=True, help="The shards' tokenizer: a folder or a Hub id.")
+    add(
+        "--tokenizer",
+        help="The shards' tokenizer: a folder or a Hub id; with --model_name_or_path, that "
+        "model's own when not given.",
+    )
     add(
         "--max_length",
         type=positive_int,
@@ -134,13 +148,20 @@ def parse_args(argv=None):
     )
     add = parser.add_argument_group("model").add_argument
     add(
+        "--model_name_or_path",
+        help="Continue pretraining this masked LM on your text: a Hub id (roberta-base, "
+        "bert-base-uncased, xlm-roberta-base, ...) or a finished run_mlm.py folder (local or "
+        "gs://). Its weights, LM head included, are the start; the optimizer starts afresh.",
+    )
+    add(
         "--pretrained_model_config",
-        help="Architecture to start from (Hub id, folder or config.json; never its weights); "
-        "RoBERTa-base's when not given.",
+        help="Architecture to train from random weights (Hub id, folder or config.json; never "
+        "its weights); RoBERTa-base's when not given.",
     )
     add(
         "--config_overrides",
-        help="Changes to the architecture, e.g. hidden_size=256,num_hidden_layers=4.",
+        help="Changes to the architecture, e.g. hidden_size=256,num_hidden_layers=4; with "
+        "--model_name_or_path, dropout only.",
     )
     add(
         "--trust_remote_code",
@@ -483,17 +504,26 @@ def build_config(
     tokenizer,
     max_length,
     *,
+    parent=None,
     pretrained_model_config=None,
     config_overrides=None,
     trust_remote_code=False,
     pytorch_export=True,
 ):
-    """The architecture (RoBERTa-base's unless `pretrained_model_config`, with `config_overrides`)
-    with the tokenizer's size and special ids, and room for `max_length` positions. With
-    `pytorch_export`, a config the PyTorch copy cannot be written for is refused now, not after
-    training."""
-    config = model_config.load_config(pretrained_model_config, config_overrides, trust_remote_code)
-    model_config.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size and positions
+    """From scratch: the architecture (RoBERTa-base's unless `pretrained_model_config`, with
+    `config_overrides`) with the tokenizer's size and special ids, and room for `max_length`
+    positions. Continued (`parent`, a pretrained_model.PretrainedModel): the parent's config as it
+    is, but for dropout; its vocabulary and positions must already hold the tokenizer's ids and
+    `max_length` tokens. With `pytorch_export`, a config the PyTorch copy cannot be written for is
+    refused now, not after training."""
+    if parent is None:
+        config = model_config.load_config(
+            pretrained_model_config, config_overrides, trust_remote_code
+        )
+        model_config.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size, positions
+    else:
+        config = model_config.continued_config(parent.config, config_overrides, parent.name)
+        pretrained_model.check_continuation(parent, tokenizer, max_length)
     if pytorch_export:
         check_pytorch_export(config)
     return config
@@ -622,6 +652,7 @@ def build_model(
     mask_token_id,
     total_steps,
     *,
+    parent=None,
     learning_rate,
     warmup_ratio,
     decay_ratio,
@@ -637,7 +668,8 @@ def build_model(
     steps_per_execution,
 ):
     """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
-    `total_steps`, made in the strategy's scope and compiled for fit()."""
+    `total_steps`, made in the strategy's scope and compiled for fit(). The masked LM starts from
+    random weights, or from those of `parent` (continued pretraining)."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
@@ -645,7 +677,12 @@ def build_model(
     if bfloat16:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before any layer is built
     with strategy.scope():
-        masked_lm = TFAutoModelForMaskedLM.from_config(config)
+        if parent is None:
+            masked_lm = TFAutoModelForMaskedLM.from_config(config)
+        else:  # from_pretrained, or the parent's PyTorch weights read without torch
+            masked_lm = pretrained_model.load_weights(
+                TFAutoModelForMaskedLM, parent, config, whole=True
+            )
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
         trainer = masked_lm_trainer(masked_lm, mlm_head, mask_token_id, gradient_accumulation_steps)
         # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
@@ -770,19 +807,37 @@ def check_args(args):
     args.no_tpu = args.no_tpu or args.multi_worker
     hosts.check_hardware_flags(args.no_tpu, args.multi_worker, args.cpu_replicas, args.jit_compile)
     hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-from-scratch")
+    if args.model_name_or_path and args.pretrained_model_config:
+        raise UsageError(
+            f"--model_name_or_path {args.model_name_or_path} continues that model, weights and "
+            f"architecture, but --pretrained_model_config {args.pretrained_model_config} names an "
+            "architecture to train from random weights; pass one of them."
+        )
+    if args.model_name_or_path:
+        model_config.check_continued_overrides(args.config_overrides, args.model_name_or_path)
+    elif not args.tokenizer:
+        raise UsageError(
+            "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
+            "wrote (or a Hub id), or --model_name_or_path to continue a published model with its "
+            "own tokenizer."
+        )
     if args.max_eval_samples and not args.eval_dataset:
         raise UsageError(
             f"--max_eval_samples {args.max_eval_samples} limits the evaluation, which needs "
             "--eval_dataset: give the evaluation shards, or drop --max_eval_samples."
         )
-    paths = {"--train_dataset": args.train_dataset, "--eval_dataset": args.eval_dataset}
+    paths = {
+        "--train_dataset": args.train_dataset,
+        "--eval_dataset": args.eval_dataset,
+        "--model_name_or_path": args.model_name_or_path,
+    }
     storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=["--output_dir"])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
         model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
 
 def start_training_run(
-    args, strategy, config, tokenizer, manifests, plan, total_steps, phase_end, evaluation
+    args, strategy, config, tokenizer, manifests, plan, total_steps, phase_end, evaluation, paths
 ):
     """The run's plumbing (training_run.py): output folder, resume, Hub pushes. Its pusher replaces
     the 🤗 TPU example's PushToHubCallback, which in transformers 4.57 clones the Hub repository
@@ -801,7 +856,7 @@ def start_training_run(
         ),
         recipe=flag_values(args, RESUME_SETTINGS),
         card_settings=flag_values(args, CARD_SETTINGS),
-        paths=flag_values(args, CARD_PATHS),
+        paths=paths,
         output_dir=args.output_dir,
         overwrite_output_dir=args.overwrite_output_dir,
         hub_model_id=args.hub_model_id,
@@ -816,14 +871,25 @@ def start_training_run(
 def main(args, callbacks=()):
     """Pretrain as the flags say; `callbacks`: Keras callbacks for fit() besides the run's own."""
     check_args(args)  # a bad flag, path or output folder is one line, before any work
+    # Continued pretraining: the published model's config and tokenizer now, its weights with the
+    # model below. Its tokenizer is the one to use, unless --tokenizer names another.
+    parent = None
+    if args.model_name_or_path:
+        parent = pretrained_model.PretrainedModel(
+            args.model_name_or_path, trust_remote_code=args.trust_remote_code
+        )
     strategy = build_strategy(args)
     import tf_keras
 
-    tokenizer = contract.load_tokenizer(
-        args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
-    )
+    tokenizer_name = args.tokenizer or args.model_name_or_path
+    if args.tokenizer:
+        tokenizer = contract.load_tokenizer(
+            args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
+        )
+    else:
+        tokenizer = parent.tokenizer
     manifests = shard_checks.read_training_manifests(  # checked against the flags and the tokenizer
-        args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
+        args.train_dataset, args.eval_dataset, tokenizer, tokenizer_name, args.max_length
     )
     max_length = tokenizer.model_max_length = manifests[0]["max_length"]
     train_plan, eval_plan = hosts.input_plans(strategy, manifests, args.per_replica_batch_size)
@@ -880,27 +946,20 @@ def main(args, callbacks=()):
     config = build_config(
         tokenizer,
         max_length,
+        parent=parent,
         pretrained_model_config=args.pretrained_model_config,
         config_overrides=args.config_overrides,
         trust_remote_code=args.trust_remote_code,
         pytorch_export=not args.no_pytorch_export,
     )
-    run = start_training_run(
-        args,
-        strategy,
-        config,
-        tokenizer,
-        manifests,
-        train_plan,
-        total_steps,
-        phase_end=short_steps,
-        evaluation=evaluation,
-    )
+    # The model first: a parent that cannot be loaded is refused before the output folder
+    # is touched.
     masked_lm, trainer = build_model(
         config,
         strategy,
         tokenizer.mask_token_id,
         total_steps,
+        parent=parent,
         learning_rate=args.learning_rate,
         warmup_ratio=args.warmup_ratio,
         decay_ratio=args.decay_ratio,
@@ -915,7 +974,27 @@ def main(args, callbacks=()):
         jit_compile=args.jit_compile,
         steps_per_execution=args.steps_per_execution,
     )
+    run = start_training_run(
+        args,
+        strategy,
+        config,
+        tokenizer,
+        manifests,
+        train_plan,
+        total_steps,
+        phase_end=short_steps,
+        evaluation=evaluation,
+        # the model card names them; base_model, the Hub's link to the parent, for a Hub id only
+        paths={
+            **flag_values(args, CARD_PATHS),
+            "tokenizer": tokenizer_name,
+            "base_model": parent and parent.hub_id,
+        },
+    )
     start_step = run.resume(masked_lm, trainer.optimizer, args.save_total_limit)
+    if parent and eval_dataset and start_step == 0:  # where the parent stands on this text
+        baseline = trainer.evaluate(eval_dataset, steps=eval_batches, return_dict=True, verbose=0)
+        run.log_baseline(baseline)
     with shard_checks.corrupt_shards_named(manifests, args.output_dir):  # which one, what to do
         logs = fit_exact_steps(  # fit() in segments of fixed shapes: fit_exact_steps says why
             trainer,

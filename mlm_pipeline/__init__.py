@@ -40,6 +40,10 @@ against the imports.
                                 who writes and which shard files each host's input pipeline reads
     model_folder           3 4  a finished model's folder: refused unless replaced on request,
                                 published so that it never looks finished early
+    pretrained_model       3 4  the model a run starts from (continued pretraining, fine-tuning):
+                                a folder or Hub id, checked with its tokenizer, its weights loaded
+    pytorch_weights        3 4  a model published with PyTorch safetensors only, read into TF
+                                without torch
     pytorch_export         3    the PyTorch copy of a TF masked LM, written without torch, for
                                 transformers 5
     flag_checks            3    run_mlm.py's flags that are wrong only together
@@ -61,8 +65,6 @@ against the imports.
                                 background, the final model last
     training_run           3    what a run does around fit(): chief and workers, resume,
                                 callbacks, the end
-    pretrained_model         4  run_classifier.py's starting point: a run_mlm.py folder or Hub id,
-                                checked with its tokenizer
     labelled_data            4  run_classifier.py's texts and labels (a Hub dataset or .tsv, .csv,
                                 .jsonl files), checked
     classifier_folder        4  run_classifier.py's model card, eval_results.json and Hub push

@@ -34,10 +34,12 @@ def model_card(
     taken, in this process or before a resume) and `metrics` the figures of the latest epoch as
     fit() logs them: loss, masked_accuracy, ... and their val_ twins. `paths`: where the model goes
     (hub_model_id, output_dir) and what it was trained from (train_dataset, eval_dataset,
-    tokenizer). `recipe`: the training settings, by name, as the card reports them (learning_rate,
-    warmup_ratio, max_grad_norm, adam_beta1/2, adam_epsilon, weight_decay_rate, mlm_probability,
-    whole_word_masking, mlm_head, bfloat16, seed, per_replica_batch_size,
-    gradient_accumulation_steps, short_sequence_length, short_sequence_ratio).
+    tokenizer; model_name_or_path, the model it continues, and base_model, that model's Hub id,
+    both None for a model pretrained from scratch). `recipe`: the training settings, by name, as
+    the card reports them (learning_rate, warmup_ratio, max_grad_norm, adam_beta1/2,
+    adam_epsilon, weight_decay_rate, mlm_probability, whole_word_masking, mlm_head, bfloat16, seed,
+    per_replica_batch_size, gradient_accumulation_steps, short_sequence_length,
+    short_sequence_ratio).
     """
     train_manifest, eval_manifest = manifests
     total_steps, steps_per_epoch = planned_steps
@@ -95,25 +97,37 @@ def model_card(
         if eval_manifest is not None
         else "\nNo evaluation shards were given, so there are no evaluation figures.\n"
     )
+    parent = paths.get("model_name_or_path")
+    origin = "pretrained from scratch (random initial weights, no checkpoint of another model)"
+    if parent:
+        text = public_name(train_manifest.get("source")) or public_name(paths["train_dataset"])
+        origin = (
+            f"pretrained further from `{public_name(parent)}` (its weights, LM head included, "
+            f"were the start) on the text of {text}"
+        )
     tags = [
         "fill-mask",
         "tensorflow",
         "masked-language-modeling",
         config.model_type,
-        "pretrained-from-scratch",
+        "continued-pretraining" if parent else "pretrained-from-scratch",
     ]
     lines = [
-        metadata_block(library_name="transformers", pipeline_tag="fill-mask", tags=tags),
+        metadata_block(
+            library_name="transformers",
+            pipeline_tag="fill-mask",
+            tags=tags,
+            base_model=paths.get("base_model"),  # the Hub links a model to its parent by it
+        ),
         "",
         f"# {name}",
         "",
         f"A {config.model_type} masked language model with {trainer.masked_lm.count_params():,} "
-        "parameters, pretrained from scratch (random initial weights, no checkpoint of another "
-        "model) by `run_mlm.py` with Keras `fit`: the last step of a TensorFlow pipeline whose "
-        "first steps train a Unigram tokenizer (`train_unigram.py`) and pack text into TFRecord "
-        "shards (`prepare_tfrecord_shards.py`). The weights are TensorFlow's (`tf_model.h5`, for "
-        "transformers 4.x); `pytorch/` holds the same model for transformers 5 and PyTorch "
-        "(`model.safetensors`) unless the run was told not to write it.",
+        f"parameters, {origin}, by `run_mlm.py` with Keras `fit`, on TFRecord shards packed by "
+        "`prepare_tfrecord_shards.py`. The weights are TensorFlow's "
+        "(`tf_model.h5`, for transformers 4.x); `pytorch/` holds the same model for "
+        "transformers 5 and PyTorch (`model.safetensors`) unless the run was told not to write "
+        "it.",
         "",
         status,
         "",

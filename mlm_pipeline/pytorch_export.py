@@ -15,7 +15,7 @@ from .errors import UsageError
 # The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
 # and checks against the TF model. The name mapping is generic, but a type joins this list
 # only once that test covers it.
-PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
+PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
@@ -40,6 +40,8 @@ def check_pytorch_export(config):
             f"{', '.join(PYTORCH_EXPORT_MODEL_TYPES)} models only, not {config.model_type}; pass "
             "--no_pytorch_export to save the TF weights alone."
         )
+    # a published RoBERTa whose pad id is not 1 (run_mlm.py's own configs were checked already)
+    check_padding_index(config.model_type, config.pad_token_id, remedy="pass --no_pytorch_export")
     if not config.tie_word_embeddings:
         raise UsageError(
             "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share "

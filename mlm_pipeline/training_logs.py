@@ -153,6 +153,20 @@ def write_epoch_row(path, epoch, logs):
     write_whole(path, text.getvalue())
 
 
+def write_baseline(output_dir, logs):
+    """The evaluation before the first step (`logs`: val_loss, ... as fit() names them): the row of
+    step 0 in training_log.csv (a rerun before the first checkpoint writes it again, in its place)
+    and the eval scalars at step 0 in TensorBoard, where the curves then start."""
+    import tensorflow as tf
+
+    write_epoch_row(training_log_path(output_dir), 0, {**logs, "step": 0, "elapsed_minutes": 0.0})
+    writer = tf.summary.create_file_writer(f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}")
+    with writer.as_default(step=0):
+        for name, value in logs.items():
+            tf.summary.scalar(f"eval/{name[len('val_') :]}", value)
+    writer.close()
+
+
 def last_logged_epoch(path):
     """The newest row of a training_log.csv as fit()'s logs ({name: [value]}), {} if none: the
     figures a run resumed at its last step reports, having no epoch left to train."""

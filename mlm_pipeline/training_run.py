@@ -7,6 +7,7 @@ train in lockstep and keep their hands off the output folder. run_mlm.py saves t
 """
 
 import functools
+import math
 import time
 
 from . import (
@@ -120,6 +121,20 @@ class TrainingRun:
         if not self.chief:
             self.manager = checkpoints.scratch_manager(self.manager)
         return self.start_step
+
+    def log_baseline(self, logs):
+        """The evaluation before the first step (`logs`, as evaluate() gives them), for continued
+        pretraining: where the starting model stands on this text. Printed; on the chief, the row
+        of step 0 in training_log.csv and TensorBoard's eval scalars at step 0."""
+        logs = {f"val_{name}": float(value) for name, value in logs.items()}
+        logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: noise past it
+        print(
+            f"Before the first step: eval loss {logs['val_loss']:.4f}, perplexity "
+            f"{logs['val_perplexity']:.2f}, accuracy at [MASK] "
+            f"{logs['val_mask_token_accuracy']:.4f}."
+        )
+        if self.chief:
+            training_logs.write_baseline(self.output_dir, logs)
 
     def callbacks(self, save_steps, logging_steps):
         """fit()'s callbacks besides the steps.

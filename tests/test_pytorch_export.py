@@ -28,7 +28,7 @@ INSTALL_HINT = (
     "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
 )
 
-MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert")
+MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
 # Padded to the longest, so the comparison also covers padding (RoBERTa
 # numbers positions around it).
 SENTENCES = [
