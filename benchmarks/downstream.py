@@ -132,11 +132,14 @@ def fine_tune(model, output_dir, seed, args, from_scratch=False):
     command += ["--train_file", args.train_file, "--validation_file", args.validation_file]
     command += ["--from_scratch"] * from_scratch + args.run_classifier_flags
     started = time.perf_counter()
+    # In the caller's working folder: relative folders and files mean what they meant there.
     with open(f"{output_dir}.log", "w") as log:
-        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     minutes = (time.perf_counter() - started) / 60
-    if finished.returncode != 0:
-        sys.exit(f"{' '.join(map(str, command))} failed; its output is in {output_dir}.log")
+    if finished.returncode != 0:  # the log may be in a temporary folder, gone at exit: show it
+        with open(f"{output_dir}.log") as log:
+            tail = "".join(log.readlines()[-15:])
+        sys.exit(f"{tail}\n{' '.join(map(str, command))} failed; the end of its output is above.")
     with open(f"{output_dir}/eval_results.json") as file:
         return json.load(file), minutes
 
