@@ -27,8 +27,10 @@ each input file a fixed number of times whatever its size, its format and --rows
 4. Manifest: the blocks' summaries are gathered, the staged files removed, and manifest.json is
    written, last.
 So plain text is read twice (counted, then packed), Parquet once (its footer aside), and any other
-file once, however many blocks it has: a file that cannot be entered midway used to be read from
-its start for each of its blocks, K blocks costing about K^2/2 reads of the file.
+file once, however many blocks it has, where reading each block from the file's start would cost a
+file of K blocks about K^2/2 reads. Uncompressed JSON lines are staged too rather than entered at a
+byte offset: a row there is a non-blank line, and a .json file may be one JSON array, so one way
+serves every file that is not plain text or Parquet.
 
 Why staged files rather than handing a block's rows on as Beam elements: every element that
 crosses a Reshuffle or GroupByKey is held by the runner (in the DirectRunner's memory, in Dataflow's
