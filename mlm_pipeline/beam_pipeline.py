@@ -9,26 +9,45 @@ past one machine.
     # Google Cloud Dataflow: README.md, "Several hosts, and Apache Beam", has the whole command,
     # docs/reference.md how the pipeline works
 
-The pipeline writes what the single process writes, byte for byte, manifest included:
-1. Index: each input file's rows are counted, and for plain text where each block of
-   --rows_per_block lines starts. Plain text has its line breaks counted (block_starts, at
-   memory speed, far above tokenizing) with each block's byte offset; compressed text is counted
-   the same way as it is decompressed; a Parquet file's row count is in its footer; JSON lines and
-   CSV are read through (count_rows), which also finds a bad line before any packing.
+The pipeline writes what the single process writes, byte for byte, manifest included, and reads
+each input file a fixed number of times whatever its size, its format and --rows_per_block:
+1. Index: each input file's rows are counted, and it is noted where each of its blocks of
+   --rows_per_block rows will be read from. Plain text has its line breaks counted (block_starts,
+   at memory speed, far above tokenizing), each block's byte offset noted; a Parquet file's row
+   count is in its footer, and a block is read from the row group that holds its first row. A
+   file that cannot be entered midway (compressed, JSON lines, a JSON array, CSV) is read through
+   once, here, by one worker, and each block's rows are written, as they are read, to a staged
+   file of its own in the split's folder (stage_blocks); that pass also counts the rows and finds
+   a bad line before any packing.
 2. Number: the files' blocks are numbered in file order, as the single process numbers them, and
    --limit cuts the rows past it.
-3. Pack: each block is read, tokenized, packed and written as its own shards (packing.pack_block),
-   on whichever worker the runner hands it to. A block of plain text is read from its byte offset;
-   one of a file that cannot be entered midway (compressed, JSON lines, CSV) is read from the
-   file's start, its first rows read and dropped (decompressing and parsing run far above
-   tokenizing); one of a Parquet file from the row group that holds its first row.
-4. Manifest: the blocks' summaries are gathered and manifest.json is written, last.
+3. Pack: each block is read (plain text from its byte offset, Parquet from its row group, a staged
+   block from its staged file), tokenized, packed and written as its own shards
+   (packing.pack_block), on whichever worker the runner hands it to.
+4. Manifest: the blocks' summaries are gathered, the staged files removed, and manifest.json is
+   written, last.
+So plain text is read twice (counted, then packed), Parquet once (its footer aside), and any other
+file once, however many blocks it has, where reading each block from the file's start would cost a
+file of K blocks about K^2/2 reads. Uncompressed JSON lines are staged too rather than entered at a
+byte offset: a row there is a non-blank line, and a .json file may be one JSON array, so one way
+serves every file that is not plain text or Parquet.
+
+Why staged files rather than handing a block's rows on as Beam elements: every element that
+crosses a Reshuffle or GroupByKey is held by the runner (in the DirectRunner's memory, in Dataflow's
+shuffle), so a file's rows would be held whole before any block is packed. A staged file is
+written a batch of rows at a time through Beam's FileSystems, so memory stays flat however large
+the file, it works on gs:// as on a local folder, and only its path crosses workers. It is JSON
+lines, one row's text a line (JSON null for a row without one): a text may hold line breaks, which
+JSON escapes. The staged files are named so that no shard pattern matches them
+(split_folder.staged_path), are removed just before manifest.json is written (so a finished split
+never holds one), and are cleared with a killed or failed run's shards (split_folder), so that a
+rerun stages afresh rather than trust a killed run's files.
 
 There is no GroupByKey of the sequences (tensorflow-datasets' BeamWriter groups records by shard): a
 shard never holds two blocks' sequences here, so the worker that packs a block writes its shards
 itself, and only the blocks' small summaries cross workers. Nothing a runner chooses can change the
 output: a block, the unit of work, is fixed by the input and the flags alone, and a retried block
-writes the same files again.
+(or a retried staging of a file) writes the same files again.
 
 This module is what the workers run. Workers need apache-beam, tokenizers, numpy and google-crc32c,
 and this package (setup.py), and read Parquet and zstd with pyarrow and zstandard, which come with
@@ -40,6 +59,7 @@ in beam_launcher.py.
 
 import contextlib
 import itertools
+import json
 import os
 from typing import NamedTuple, Optional
 
@@ -48,7 +68,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import corpus, packing, split_manifest, storage
+from . import corpus, packing, split_folder, split_manifest, storage
 from .contract import MANIFEST_NAME, TOKENIZER_FILE
 from .errors import UsageError
 
@@ -80,7 +100,8 @@ def build(
         pipeline
         | "Input files" >> beam.Create(list(enumerate(files)))
         | "Spread the files" >> beam.Reshuffle()
-        | "Index each file's blocks" >> beam.Map(index_file, rows_per_block, text_column)
+        | "Index each file's blocks, staging them where needed"
+        >> beam.Map(index_file, rows_per_block, text_column, split_dir, limit)
         | "Gather the indexes" >> beam.combiners.ToList()
         | "Number the blocks" >> beam.FlatMap(number_blocks, rows_per_block, limit)
         # Without it, the runner may pack every block on the worker that numbered them.
@@ -91,10 +112,23 @@ def build(
     )
 
 
+class FileIndex(NamedTuple):
+    """What the index step found of one input file: its number in the split, its path, its rows, and
+    for each of its blocks where the packing step reads it: `starts`, a byte offset in a plain text
+    file (None elsewhere); `staged`, the staged file of a block of a file that cannot be entered
+    midway (None elsewhere). Neither: a Parquet file's block."""
+
+    number: int
+    path: str
+    rows: int
+    starts: list
+    staged: list
+
+
 class Block(NamedTuple):
     """Where one block lies: its number, its file, its byte range in a plain text file (end None: to
-    the file's end; start None: a file read from its start, its first rows dropped), the number of
-    its first row in the file (from 1), and how many rows it has."""
+    the file's end; start None: not plain text), the number of its first row in the file (from 1),
+    how many rows it has, and its staged file (None: it is read from the input file itself)."""
 
     block: int
     path: str
@@ -102,35 +136,92 @@ class Block(NamedTuple):
     end: Optional[int]
     first_line: int
     rows: int
+    staged: Optional[str] = None
 
 
-def index_file(numbered_file, rows_per_block, text_column):
-    """(file number, path) -> (file number, path, where each of its blocks starts, rows): a byte
-    offset for each block of a plain text file, None for each block of any other."""
+def index_file(numbered_file, rows_per_block, text_column, split_dir, limit):
+    """(file number, path) -> its FileIndex. A file that cannot be entered midway is staged here,
+    block by block, in its one reading (stage_blocks)."""
     number, path = numbered_file
-    if corpus.file_format(path) == "text" and corpus.compression(path) is None:
+    kind = corpus.file_format(path)
+    if kind == "text" and corpus.compression(path) is None:
         corpus.check_text_column(text_column, ["text"], source=path)
         with open_input(path) as file:
             starts, lines = block_starts(file, rows_per_block)
-        return number, path, starts, lines
-    rows = count_rows(path, text_column, open_input)
-    return number, path, [None] * -(-rows // rows_per_block), rows
+        return FileIndex(number, path, lines, starts, [None] * len(starts))
+    if kind == "parquet":
+        with corpus.errors_named(path), open_input(path) as raw:
+            rows = corpus.parquet_file(raw, path, text_column).metadata.num_rows
+        blocks = -(-rows // rows_per_block)
+        return FileIndex(number, path, rows, [None] * blocks, [None] * blocks)
+    rows, staged = stage_blocks(numbered_file, rows_per_block, text_column, split_dir, limit)
+    return FileIndex(number, path, rows, [None] * len(staged), staged)
+
+
+def stage_blocks(numbered_file, rows_per_block, text_column, split_dir, limit):
+    """Read a file that cannot be entered midway once, from its start, and write each block's rows
+    to a staged file of its own as they are read (split_folder.staged_path; JSON lines, one row's
+    text a line, null for none), a batch at a time. Returns the rows read and the staged files, in
+    order. With --limit, no file can give the split more than `limit` rows, so none past them is
+    read (nor, as in the single process, a bad line past them found)."""
+    number, path = numbered_file
+    rows = corpus.file_rows(path, text_column, open_input)
+    with contextlib.closing(rows):
+        rows = itertools.islice(rows, limit)  # limit None: every row
+        staged, count, end = [], 0, object()  # a row can be None: the end needs a marker
+        while (first := next(rows, end)) is not end:
+            block_rows = itertools.chain([first], itertools.islice(rows, rows_per_block - 1))
+            staged.append(split_folder.staged_path(split_dir, number, len(staged)))
+            count += write_staged(staged[-1], block_rows)
+    return count, staged
+
+
+STAGED_BATCH = 1000  # rows a write to a staged file
+
+
+def write_staged(path, rows):
+    """The rows' texts as JSON lines; returns how many. Written again whole if a retry stages the
+    file again; read only once every file is indexed, so never while half-written."""
+    count = 0
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as file:
+        while batch := list(itertools.islice(rows, STAGED_BATCH)):
+            # json.dumps escapes line breaks, and any character but ASCII (a lone surrogate too), so
+            # each text is one line of ASCII, read back exactly
+            file.write("".join(json.dumps(text) + "\n" for text in batch).encode("ascii"))
+            count += len(batch)
+    return count
+
+
+def staged_rows(path):
+    """The texts of a staged block, as write_staged wrote them."""
+    with open_input(path) as file:
+        for line in corpus.text_lines(file, path):
+            yield json.loads(line)
+
+
+def remove_staged(split_dir):
+    """Every staged block of the split, gone (once every block is packed)."""
+    pattern = f"{split_dir}/{split_folder.STAGED_FILES}"
+    paths = [meta.path for match in FileSystems.match([pattern]) for meta in match.metadata_list]
+    if paths:
+        FileSystems.delete(paths)
 
 
 def number_blocks(indexes, rows_per_block, limit):
     """Every Block of every file, numbered in file order. Past --limit rows, blocks are cut short,
     then left out."""
     block, rows_before = 0, 0
-    for _, path, starts, lines in sorted(indexes):
-        for index, start in enumerate(starts):
-            rows = min(rows_per_block, lines - index * rows_per_block)
+    for index in sorted(indexes):
+        for number, (start, staged) in enumerate(zip(index.starts, index.staged)):
+            rows = min(rows_per_block, index.rows - number * rows_per_block)
             if limit is not None:
                 rows = min(rows, limit - rows_before)
                 if rows <= 0:
                     return
-            end = starts[index + 1] if index + 1 < len(starts) else None
-            first_line = index * rows_per_block + 1
-            yield Block(block, path, start, end, first_line, rows)
+            has_next = start is not None and number + 1 < len(index.starts)
+            end = index.starts[number + 1] if has_next else None
+            first_line = number * rows_per_block + 1
+            yield Block(block, index.path, start, end, first_line, rows, staged)
             block, rows_before = block + 1, rows_before + rows
 
 
@@ -175,7 +266,10 @@ class PackBlock(beam.DoFn):
 
     def block_rows(self, block):
         """The texts of the block's rows, read as the single process reads them."""
-        if block.start is None:
+        if block.staged is not None:
+            yield from itertools.islice(staged_rows(block.staged), block.rows)
+            return
+        if block.start is None:  # Parquet: from the row group that holds the block's first row
             skip = block.first_line - 1
             rows = corpus.file_rows(block.path, self.text_column, open_input, skip=skip)
             with contextlib.closing(rows):
@@ -208,9 +302,11 @@ def load_backend(tokenizer):
 
 
 def write_manifest(packed, split_dir, settings, packing_text):
-    """All blocks' (summary, rows) -> manifest.json, written last and whole."""
+    """All blocks' (summary, rows) -> manifest.json, written last and whole, once the staged
+    blocks are removed: a finished split holds none."""
     summaries, rows = [summary for summary, _ in packed], sum(rows for _, rows in packed)
     manifest = split_manifest.split_manifest(summaries, rows, settings, packing_text)
+    remove_staged(split_dir)
     write_whole(f"{split_dir}/{MANIFEST_NAME}", split_manifest.manifest_text(manifest).encode())
 
 
@@ -242,24 +338,6 @@ def rename(source, target):
 
 
 # --- reading a file in blocks: what only the pipeline needs of a corpus file
-
-
-def count_rows(path, text_column="text", open_raw=corpus.open_binary):
-    """How many rows file_rows gives for the file: from a Parquet file's footer, by counting line
-    breaks in (decompressed) plain text, by reading JSON lines and CSV through."""
-    kind = corpus.file_format(path)
-    if kind == "parquet":
-        with corpus.errors_named(path), open_raw(path) as raw:
-            return corpus.parquet_file(raw, path, text_column).metadata.num_rows
-    if kind == "text":
-        corpus.check_text_column(text_column, ["text"], source=path)
-        with (
-            corpus.errors_named(path),
-            open_raw(path) as raw,
-            corpus.decompressed(raw, path) as file,
-        ):
-            return block_starts(file, 1)[1]
-    return sum(1 for _ in corpus.file_rows(path, text_column, open_raw))
 
 
 def block_starts(binary_file, rows_per_block):

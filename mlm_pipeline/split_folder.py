@@ -2,7 +2,10 @@
 a run killed at any moment leaves nothing a later step could mistake for a finished split.
 
 The folder (local or gs://) holds shards, `<split>-<block>-<shard>-<records>.tfrecord`, and, once
-the split is finished, manifest.json. The rules:
+the split is finished, manifest.json. While a Beam pipeline runs it also holds staged blocks,
+`.staged-<file>-<block>.jsonl` (beam_pipeline.py: the rows of a file that cannot be entered midway,
+read once and handed on a block at a time), which the pipeline removes just before it writes
+manifest.json. The rules:
 - manifest.json is written last, under a temporary name first and then renamed, so it appears whole
   or not at all; without it the folder is unfinished, and run_mlm.py refuses it.
 - A finished split is replaced only with --overwrite_output_dir. An unfinished one (shards without a
@@ -10,7 +13,8 @@ the split is finished, manifest.json. The rules:
   it.
 - A run clears the folder just before its first shard (the Beam launcher: before the pipeline
   starts), so that input refused before then leaves an existing split untouched. A run that fails
-  removes what it wrote.
+  removes what it wrote. Clearing removes staged blocks too: they are never shards, and a rerun
+  stages afresh rather than trust what a killed run left.
 """
 
 import os
@@ -20,6 +24,13 @@ from .errors import UsageError
 from .storage import temporary_path, write_whole
 
 SHARD_FILES = ("*.tfrecord", ".*.tfrecord.tmp")  # shards, and shards still being written
+STAGED_FILES = ".staged-*.jsonl"  # a Beam run's staged blocks (staged_path)
+
+
+def staged_path(split_dir, file_number, block_in_file):
+    """Where a Beam run stages one block of one input file (the file's number in the split, the
+    block's in the file, both from 0): hidden, and named so that no shard pattern matches it."""
+    return f"{split_dir}/.staged-{file_number:05d}-{block_in_file:05d}.jsonl"
 
 
 def check_split_dir(split_dir, split, overwrite):
@@ -58,9 +69,10 @@ def clear_split_dir(split_dir):
 
 
 def remove_shards(split_dir):
+    """Remove the shards, whole or half-written, and a Beam run's staged blocks."""
     import tensorflow as tf
 
-    for pattern in SHARD_FILES:
+    for pattern in (*SHARD_FILES, STAGED_FILES):
         for path in tf.io.gfile.glob(f"{split_dir}/{pattern}"):
             remove_if_present(path)
 

@@ -69,6 +69,10 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             assert re.search(row, output), output
         assert_row(output, "jsonl.gz", figures=3)  # peak RSS at 1x, at 2x, and their ratio
 
+    def beam_big_files(output):
+        for side in ("txt", "jsonl.gz"):  # MB, blocks, rows a block, wall, peak RSS, / txt
+            assert_row(output, side, figures=6)
+
     def training_speed(output):
         assert_row(output, "sparse", figures=5)  # "vs full" needs the full variant too
         assert re.search(r"Input pipeline alone: [\d,]+ sequences/s .* \*\*\d+x\*\*", output)
@@ -123,6 +127,12 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             ["--train_file", corpus["train"], "--tokenizer", tokenizer_dir, "--max_length", 32]
             + ["--scales", 1, 2, "--formats", "jsonl.gz", "--parts", 2, "--sample_every", 0.05],
             corpus_formats,
+        ),
+        "beam_big_files.py": (
+            ["--train_file", corpus["train"], "--tokenizer", tokenizer_dir, "--max_length", 32]
+            + ["--copies", 1, "--blocks", 3, "--formats", "jsonl.gz", "--workers", 1]
+            + ["--rounds", 1],
+            beam_big_files,
         ),
         "training_speed.py": (
             ["--train_dataset", train, "--tokenizer", tokenizer_dir, "--variants", "sparse"]

@@ -1,16 +1,19 @@
 """Corpora as people keep them: the same text as plain text, JSON lines, CSV and Parquet files, the
 text formats also gzip-, zstd- or bzip2-compressed, gives steps 1 and 2 the same tokenizer and the
 same shards, byte for byte, in one process and as an Apache Beam pipeline, from local files and from
-a Cloud Storage emulator (tests/gcs_emulator.py). Bad files (cut short, a line that is not JSON, no
+a Cloud Storage emulator (tests/gcs_emulator.py). Beam reads a file that cannot be entered midway
+once, however many blocks it has. Bad files (cut short, a line that is not JSON, no
 text column, a glob of several formats, a Parquet file that is not one) are refused in one line that
 names the file, and leave nothing behind.
 """
 
 import bz2
+import collections
 import csv
 import gzip
 import io
 import json
+import os
 
 import pytest
 import zstandard
@@ -29,6 +32,7 @@ from refusals import refused
 
 import prepare_tfrecord_shards as prepare
 import train_unigram
+from mlm_pipeline import beam_pipeline
 
 BUCKET = "corpus-formats"
 # The session's corpus (conftest.py: 420 lines of seed 0, the tokenizer_dir fixture's), cut into
@@ -87,13 +91,19 @@ def plain_text(lines):
 WRITERS = {
     "txt": plain_text,
     "txt.gz": lambda lines: gzip.compress(plain_text(lines)),
+    "jsonl": json_lines,
     "jsonl.gz": lambda lines: gzip.compress(json_lines(lines)),
+    "jsonl.zst": lambda lines: zstd_frames(json_lines(lines)),
     "json.zst": lambda lines: zstd_frames(json_lines(lines)),
     "json": json_array,
     "csv": csv_bytes,
+    "csv.gz": lambda lines: gzip.compress(csv_bytes(lines)),
     "csv.bz2": lambda lines: bz2.compress(csv_bytes(lines)),
     "parquet": parquet_bytes,
 }
+# What Beam's workers may enter midway: plain text at a byte offset, Parquet at a row group. Every
+# other file has several blocks here (ROWS_PER_BLOCK), and must still be read once.
+SEEKABLE = ("txt", "parquet")
 
 
 def parts(lines):
@@ -149,9 +159,40 @@ def plain_shards(corpus_parts, tokenizer_dir, tmp_path_factory):
     return shards_of(output_dir)
 
 
+class CountedReads:
+    """A file as Beam's workers open it, the bytes read from it added to `tally[path]`."""
+
+    def __init__(self, file, path, tally):
+        self.file, self.path, self.tally = file, path, tally
+
+    def read(self, *size):
+        data = self.file.read(*size)
+        self.tally[self.path] += len(data)
+        return data
+
+    def __getattr__(self, name):  # seek, tell, close...: the file's own
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.file.close()
+
+
+@pytest.fixture
+def bytes_read(monkeypatch):
+    """{path: bytes read from it} by the workers of an in-process Beam run."""
+    tally, open_input = collections.Counter(), beam_pipeline.open_input
+    monkeypatch.setattr(
+        beam_pipeline, "open_input", lambda path: CountedReads(open_input(path), path, tally)
+    )
+    return tally
+
+
 @pytest.mark.parametrize("extension", [name for name in WRITERS if name != "txt"])
 def test_every_format_gives_the_tokenizer_and_the_shards_of_the_plain_text(
-    corpus_parts, tokenizer_dir, plain_shards, tmp_path, extension
+    corpus_parts, tokenizer_dir, plain_shards, bytes_read, tmp_path, extension
 ):
     pattern = str(corpus_parts[extension] / f"part-*.{extension}")
     unigram = flags(train_file=pattern, vocab_size=VOCAB_SIZE, output_dir=tmp_path / "tokenizer")
@@ -163,6 +204,12 @@ def test_every_format_gives_the_tokenizer_and_the_shards_of_the_plain_text(
         output_dir = tmp_path / name
         prepare.main(prepare.parse_args(prepare_argv(pattern, tokenizer_dir, output_dir, *runner)))
         assert_same_files(shards_of(output_dir), plain_shards)
+    if extension not in SEEKABLE:  # a file of K blocks read from its start for each: K+1 times
+        for path in sorted(corpus_parts[extension].iterdir()):
+            size = os.path.getsize(path)
+            assert 0 < bytes_read[str(path)] <= 2 * size, (
+                f"Beam read {bytes_read[str(path)]} bytes of {path.name}, {size} bytes long"
+            )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Apache Beam is an install of its own (requirements-beam.txt): without it, --runn
 line that says how to install it, and the step runs as before without --runner.
 """
 
+import gzip
 import io
+import json
 import os
 import random
 
@@ -157,14 +159,15 @@ def test_a_failed_pipeline_leaves_no_manifest_and_the_rerun_replaces_its_leftove
     assert_same_files(written, single_process["many blocks per file"])
 
 
-def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(
-    corpus_files, tokenizer_dir, tmp_path
-):
+def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(tokenizer_dir, tmp_path):
     """Killed (SIGKILL) once its first shards are in place, the pipeline leaves shards without
-    manifest.json, which the next step refuses; the same command, run again, writes what an
-    uninterrupted run writes."""
-    long_corpus = tmp_path / "long.txt"
-    long_corpus.write_text("\n".join(make_corpus_lines(3000, seed=21)) + "\n", encoding="utf-8")
+    manifest.json, which the next step refuses, and the staged blocks of its compressed input; the
+    same command, run again, writes what an uninterrupted run writes, and nothing else."""
+    long_corpus = tmp_path / "long.jsonl.gz"
+    lines = make_corpus_lines(3000, seed=21)
+    long_corpus.write_bytes(
+        gzip.compress("".join(json.dumps({"text": line}) + "\n" for line in lines).encode())
+    )
     extra = ["--rows_per_block", 100, "--shard_size", 5]
     uninterrupted = tmp_path / "uninterrupted"
     run_in_process(prepare_argv(long_corpus, tokenizer_dir, uninterrupted, *extra))
@@ -186,6 +189,8 @@ def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(
     kill_when(script, three_shards, "three shards", pause=0.005, group=True)
     left = os.listdir(split_dir)
     assert "manifest.json" not in left and len(left) < len(os.listdir(uninterrupted / "train"))
+    # every block is staged before the first is packed, and they stay until the manifest
+    assert sum(name.startswith(".staged-") for name in left) == 30, left
 
     # any runner writes the same files
     run_in_process([*argv[: argv.index("--runner")], *IN_PROCESS])
