@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from corpus_formats import shards  # the split's files, its manifest without the source
 from machine import describe_machine, load_average, markdown_table
 from prepare_shards import measured_run
 
@@ -97,19 +98,6 @@ def write_file(lines, extension, path):
         data = zstandard.ZstdCompressor().compress(data)
     Path(path).write_bytes(data)
     return len(data)
-
-
-def shards(folder):
-    """The split's files, manifest.json without its "source" (the file, which names the
-    format)."""
-    files = {
-        str(path.relative_to(folder)): path.read_bytes()
-        for path in sorted(Path(folder).rglob("*"))
-        if path.is_file()
-    }
-    manifest = json.loads(files.pop("train/manifest.json"))
-    manifest.pop("source")
-    return files, manifest
 
 
 def run_prepare(args, path, rows_per_block, output_dir):
