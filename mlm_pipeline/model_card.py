@@ -5,7 +5,6 @@ snapshot.
 The metadata block and the public names of the folders the run used come from cards.py.
 """
 
-import math
 import os
 
 from . import training_logs
@@ -75,7 +74,9 @@ def model_card(
         value = metrics.get(key)
         return "–" if value is None else f"{100 * float(value):.2f}%"
 
-    train_perplexity = math.exp(min(float(metrics["loss"]), 50.0)) if "loss" in metrics else None
+    train_perplexity = (
+        training_logs.perplexity(float(metrics["loss"])) if "loss" in metrics else None
+    )
     if steps >= total_steps:
         status = f"Training finished after {steps:,} optimizer steps."
     else:

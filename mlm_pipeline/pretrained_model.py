@@ -139,7 +139,8 @@ def check_continuation(parent, tokenizer, max_length):
             "transformers, so it cannot be pretrained further here; pass a masked LM (e.g. "
             f"{', '.join(sorted(TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES)[:8])}, ...)."
         )
-    if contract.vocabulary_fingerprint(tokenizer) != contract.vocabulary_fingerprint(
+    given = tokenizer is not parent.tokenizer  # --tokenizer named one
+    if given and contract.vocabulary_fingerprint(tokenizer) != contract.vocabulary_fingerprint(
         parent.tokenizer
     ):
         raise UsageError(
@@ -227,16 +228,15 @@ def weights_files(pretrained):
 
     if path(TF_WEIGHTS_NAME) or path(TF_WEIGHTS_INDEX_NAME):
         return "tf", None
-    if path(pytorch_weights.SAFETENSORS_NAME):
-        return "pytorch", [path(pytorch_weights.SAFETENSORS_NAME)]
+    safetensors = path(pytorch_weights.SAFETENSORS_NAME)
+    if safetensors:
+        return "pytorch", [safetensors]
     index = path(pytorch_weights.SAFETENSORS_INDEX_NAME)
     if index:
-        folder = os.path.dirname(index)
-        names = [os.path.basename(p) for p in pytorch_weights.safetensors_files(folder)]
-        return "pytorch", [path(name) for name in names]
-    if path(TORCH_WEIGHTS_NAME) and importlib.util.find_spec("torch") is not None:
-        return "torch", None
+        return "pytorch", [path(name) for name in pytorch_weights.index_shards(index)]
     if path(TORCH_WEIGHTS_NAME):
+        if importlib.util.find_spec("torch") is not None:
+            return "torch", None
         raise UsageError(
             f"{FLAG} {pretrained.name} has PyTorch weights only as {TORCH_WEIGHTS_NAME}, which "
             "TensorFlow reads through torch: pip install torch (its CPU build is enough), or pass "

@@ -10,8 +10,8 @@ the safetensors file(s) as numpy arrays, transposed where Keras stores a Dense k
 and torch a Linear weight (out, in), and assigned.
 """
 
+import contextlib
 import json
-import os
 
 from .errors import UsageError, first_line
 
@@ -22,17 +22,10 @@ SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"  # a checkpoint cut into
 LEGACY_NAMES = {".weight": ".gamma", ".bias": ".beta"}
 
 
-def safetensors_files(folder):
-    """The safetensors file(s) of a model folder: model.safetensors, or the files its index
-    lists; [] when it has neither."""
-    if os.path.isfile(os.path.join(folder, SAFETENSORS_NAME)):
-        return [os.path.join(folder, SAFETENSORS_NAME)]
-    index = os.path.join(folder, SAFETENSORS_INDEX_NAME)
-    if not os.path.isfile(index):
-        return []
-    with open(index, encoding="utf-8") as file:
-        names = sorted(set(json.load(file)["weight_map"].values()))
-    return [os.path.join(folder, name) for name in names]
+def index_shards(index_path):
+    """The names of the files a model.safetensors.index.json splits the weights into."""
+    with open(index_path, encoding="utf-8") as file:
+        return sorted(set(json.load(file)["weight_map"].values()))
 
 
 def assign_pytorch_weights(model, files, name):
@@ -45,39 +38,41 @@ def assign_pytorch_weights(model, files, name):
         convert_tf_weight_name_to_pt_weight_name,
     )
 
-    where = {}  # PyTorch name -> the file that holds it
-    try:
-        for path in files:
-            with safe_open(path, framework="np") as file:
-                where.update(dict.fromkeys(file.keys(), path))
-    except Exception as error:  # safetensors raises its own kinds for a damaged file
-        raise UsageError(f"could not read the weights of {name}: {first_line(error)[:300]}")
-    missing, values = [], []
-    for weight in model.weights:
-        pt_name, transpose = convert_tf_weight_name_to_pt_weight_name(
-            weight.name, tf_weight_shape=weight.shape
-        )
-        found = next((n for n in stored_names(pt_name) if n in where), None)
-        if found is None:
-            missing.append(pt_name)
-            continue
-        with safe_open(where[found], framework="np") as file:
+    with contextlib.ExitStack() as stack:
+        where = {}  # PyTorch name -> the open file that holds it
+        try:
+            for path in files:
+                file = stack.enter_context(safe_open(path, framework="np"))
+                where.update(dict.fromkeys(file.keys(), file))
+        except Exception as error:  # safetensors raises its own kinds for a damaged file
+            raise UsageError(
+                f"could not read the weights of {name}: {first_line(error)[:300]}"
+            ) from None
+        missing, values = [], []
+        for weight in model.weights:
+            pt_name, transpose = convert_tf_weight_name_to_pt_weight_name(
+                weight.name, tf_weight_shape=weight.shape
+            )
+            found = next((n for n in stored_names(pt_name) if n in where), None)
+            if found is None:
+                missing.append(pt_name)
+                continue
             try:
-                array = file.get_tensor(found)
+                array = where[found].get_tensor(found)
             except Exception as error:  # bfloat16 has no numpy type, for one
                 raise UsageError(
                     f"could not read the weight {found} of {name}: {first_line(error)[:200]}"
                 ) from None
-        if transpose is TransposeType.SIMPLE:
-            array = array.T
-        if tuple(array.shape) != tuple(weight.shape):
-            raise UsageError(
-                f"the weight {found} of {name} has the shape {tuple(array.shape)}, but the model "
-                f"its config describes needs {tuple(weight.shape)}; the checkpoint and its "
-                "config.json do not belong together."
-            )
-        values.append((weight, array))
-    for weight, array in values:
+            if transpose is TransposeType.SIMPLE:
+                array = array.T
+            if tuple(array.shape) != tuple(weight.shape):
+                raise UsageError(
+                    f"the weight {found} of {name} has the shape {tuple(array.shape)}, but the "
+                    f"model its config describes needs {tuple(weight.shape)}; the checkpoint and "
+                    "its config.json do not belong together."
+                )
+            values.append((weight, array))
+    for weight, array in values:  # all checked first: a refused checkpoint changes no weight
         weight.assign(array.astype(weight.dtype.as_numpy_dtype))
     return missing
 

@@ -7,6 +7,7 @@ The names and keys these checks read are the file contract's (contract.py).
 
 import contextlib
 import json
+import posixpath
 from concurrent.futures import ThreadPoolExecutor
 
 from .contract import (
@@ -163,8 +164,9 @@ def read_training_manifests(
     manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
     if eval_dataset:
         manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
+    fingerprint = vocabulary_fingerprint(tokenizer)
     for flag, manifest in manifests.items():
-        check_vocabulary(manifest, flag, tokenizer, tokenizer_name)
+        check_vocabulary(manifest, flag, fingerprint, tokenizer_name)
         if max_length is not None and manifest["max_length"] != max_length:
             raise UsageError(
                 f"--max_length {max_length} differs from the {manifest['max_length']} of the "
@@ -188,14 +190,15 @@ def read_training_manifests(
     return train, evaluation
 
 
-def check_vocabulary(manifest, flag, tokenizer, tokenizer_name):
+def check_vocabulary(manifest, flag, fingerprint, tokenizer_name):
     """Shards whose ids mean other tokens than the tokenizer's (made with another tokenizer of the
     same size, say bert-base-uncased's for roberta-base) are refused with the command that remakes
-    them. Manifests from before the fingerprint was recorded were checked by size alone."""
-    if manifest.get("vocabulary") in (None, vocabulary_fingerprint(tokenizer)):
+    them. `fingerprint`: the tokenizer's (contract.vocabulary_fingerprint). Manifests from before
+    the fingerprint was recorded are checked by size alone."""
+    if manifest.get("vocabulary") in (None, fingerprint):
         return
-    split_folder = manifest["files"][0].rsplit("/", 1)[0]
-    folder = split_folder.rsplit("/", 1)[0] if "/" in split_folder else "."
+    # the --output_dir the shards were written to: the folder of their split's folder
+    folder = posixpath.dirname(posixpath.dirname(manifest["files"][0])) or "."
     split, source = manifest.get("split", "train"), manifest.get("source") or "YOUR_TEXT"
     raise UsageError(
         f"the shards in {flag} were made with the tokenizer {manifest.get('tokenizer')!r}, whose "

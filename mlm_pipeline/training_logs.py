@@ -17,6 +17,21 @@ from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
 from .storage import write_whole
 
 
+def perplexity(loss):
+    """exp(loss), capped: past exp(50) it is noise."""
+    return math.exp(min(loss, 50.0))
+
+
+def write_eval_scalars(logs):
+    """The evaluation's figures among `logs` (val_loss, ... as fit() names them) as TensorBoard's
+    eval/ scalars, into the default writer at its step."""
+    import tensorflow as tf
+
+    for name, value in logs.items():
+        if name.startswith("val_"):
+            tf.summary.scalar(f"eval/{name[len('val_') :]}", float(value))
+
+
 def epoch_summary_callback():
     """A Keras callback that adds val_perplexity, the wall time and the optimizer step to each
     epoch's logs, the figures of the epoch's row of training_log.csv."""
@@ -34,8 +49,7 @@ def epoch_summary_callback():
             if logs is None:
                 return
             if "val_loss" in logs:
-                # capped: exp(50) is noise already
-                logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))
+                logs["val_perplexity"] = perplexity(logs["val_loss"])
             logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
             logs["step"] = int(self.model.optimizer.iterations.numpy())
 
@@ -162,8 +176,7 @@ def write_baseline(output_dir, logs):
     write_epoch_row(training_log_path(output_dir), 0, {**logs, "step": 0, "elapsed_minutes": 0.0})
     writer = tf.summary.create_file_writer(f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}")
     with writer.as_default(step=0):
-        for name, value in logs.items():
-            tf.summary.scalar(f"eval/{name[len('val_') :]}", value)
+        write_eval_scalars(logs)
     writer.close()
 
 
@@ -269,9 +282,7 @@ def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True
 
         def on_epoch_end(self, epoch, logs=None):
             with self.writer.as_default(step=self.logged_step):
-                for name, value in (logs or {}).items():
-                    if name.startswith("val_"):
-                        tf.summary.scalar(f"eval/{name[len('val_') :]}", float(value))
+                write_eval_scalars(logs or {})
             self.writer.flush()
 
     return TensorBoardScalars()

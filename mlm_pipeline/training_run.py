@@ -7,7 +7,6 @@ train in lockstep and keep their hands off the output folder. run_mlm.py saves t
 """
 
 import functools
-import math
 import time
 
 from . import (
@@ -127,7 +126,7 @@ class TrainingRun:
         pretraining: where the starting model stands on this text. Printed; on the chief, the row
         of step 0 in training_log.csv and TensorBoard's eval scalars at step 0."""
         logs = {f"val_{name}": float(value) for name, value in logs.items()}
-        logs["val_perplexity"] = math.exp(min(logs["val_loss"], 50.0))  # capped: noise past it
+        logs["val_perplexity"] = training_logs.perplexity(logs["val_loss"])
         print(
             f"Before the first step: eval loss {logs['val_loss']:.4f}, perplexity "
             f"{logs['val_perplexity']:.2f}, accuracy at [MASK] "
