@@ -43,5 +43,7 @@ fi
 "$python" -m ruff format --check --quiet .
 "$python" -m ruff check --quiet .
 # One worker process per core (pytest-xdist), each test file on one of them, so a file's shared fixtures (the
-# Cloud Storage emulator, a training run several tests read) are made once.
-"$python" -m pytest tests -n auto --dist loadfile "$@"
+# Cloud Storage emulator, a training run several tests read) are made once. Files are handed out longest
+# first (tests/conftest.py); pytest-xdist would otherwise start the files with the most tests first, and
+# a long file started last keeps one worker busy alone at the end.
+"$python" -m pytest tests -n auto --dist loadfile --no-loadscope-reorder "$@"

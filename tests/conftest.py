@@ -41,27 +41,30 @@ from helpers import (  # noqa: E402
 
 from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
 
-# The files that take longest, longest first (measured with `pytest --durations`). run_tests.sh
-# hands whole files to one worker per core in collection order: started last, one of these would
-# leave the other worker idle for minutes at the end of the run.
+# The files that take longest, longest first (each file's total of its tests' durations, as pytest
+# reports them). run_tests.sh hands whole files to one worker per core in this order
+# (--no-loadscope-reorder): started last, one of these would leave the other worker idle for
+# minutes at the end of the run.
 LONGEST_FILES = (
-    "test_run_mlm.py",
     "test_benchmarks.py",
-    "test_recipe.py",
     "test_gcs.py",
+    "test_run_mlm.py",
+    "test_recipe.py",
     "test_corpus_formats.py",
     "test_walkthrough.py",
     "test_requirements.py",
     "test_hub.py",
     "test_resume.py",
-    "test_multi_worker.py",
     "test_smoke.py",
+    "test_multi_worker.py",
+    "test_pytorch_export.py",
     "test_prepare_shards.py",
     "test_run_classifier.py",
     "test_prepare_crash.py",
-    "test_pytorch_export.py",
     "test_continued_pretraining.py",
     "test_eval_steps.py",
+    "test_prepare_beam.py",
+    "test_security.py",
 )
 
 
