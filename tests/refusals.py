@@ -1,5 +1,7 @@
-"""Bad input, run as the user would: a script in a subprocess, with arguments. The machinery the
-bad-input tests of test_train_unigram.py, test_prepare_shards.py and test_run_mlm.py share.
+"""Bad input, run as the user would: a script in a subprocess, with arguments, or in this process
+through its command line's entry (script_in_process) where a subprocess would add only a start-up.
+The machinery the bad-input tests of test_train_unigram.py, test_prepare_shards.py, test_run_mlm.py
+and test_corpus_formats.py share.
 
 Every case checks the same four promises (see `refused`): a non-zero exit; one line on stderr,
 starting `<script>.py: error:` and naming the bad value; no traceback; and the output folder as it
@@ -10,7 +12,12 @@ was before (absent, or unchanged). Each distinct bad input is one test id; to li
 The `bad_inputs` fixture (conftest.py) holds the good and bad files the cases point at.
 """
 
+import contextlib
+import importlib
+import io
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +41,29 @@ def snapshot(path):
         str(item.relative_to(path)): item.read_bytes() if item.is_file() else None
         for item in path.rglob("*")
     }
+
+
+def script_in_process(script, *args):
+    """`script` as its `__main__` block runs it, in this process, its output captured: what
+    `run_script` returns, without a process start-up and TensorFlow's (some seconds a case). For
+    checks made after TensorFlow is loaded; the cases run as subprocesses show that the command
+    line turns the same error into the same one line, and that TensorFlow's start-up log stays
+    held back."""
+    from mlm_pipeline.errors import exit_on_usage_error
+
+    module = importlib.import_module(script.removesuffix(".py"))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            exit_on_usage_error(module.main, module.parse_args([str(arg) for arg in args]), script)
+            returncode = 0
+        except SystemExit as exit:  # sys.exit(message) prints it and exits 1, as Python does
+            if isinstance(exit.code, str):
+                print(exit.code, file=sys.stderr)
+            returncode = 1 if isinstance(exit.code, str) else exit.code or 0
+    return subprocess.CompletedProcess(
+        [script, *args], returncode, stdout.getvalue(), stderr.getvalue()
+    )
 
 
 def refused(run_script, script, args, output, *needles, exit_code=1):

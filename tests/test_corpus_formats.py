@@ -28,7 +28,7 @@ from helpers import (
     run_command,
     subprocess_env,
 )
-from refusals import refused
+from refusals import refused, script_in_process
 
 import prepare_tfrecord_shards as prepare
 import train_unigram
@@ -328,12 +328,14 @@ BAD_FILES = [
 ]
 
 
+# In this process (script_in_process): the reading is the same code as in a subprocess; the Beam
+# cases below, and the flag cases of test_prepare_shards.py, run as the user runs them.
 @pytest.mark.parametrize("bad, needles", BAD_FILES)
 def test_a_bad_file_is_refused_in_one_line_and_leaves_nothing(
-    bad_files, tokenizer_dir, run_script, tmp_path, bad, needles
+    bad_files, tokenizer_dir, tmp_path, bad, needles
 ):
     argv = prepare_argv(bad_files[bad], tokenizer_dir, tmp_path / "out")
-    refused(run_script, "prepare_tfrecord_shards.py", argv, tmp_path / "out", *needles)
+    refused(script_in_process, "prepare_tfrecord_shards.py", argv, tmp_path / "out", *needles)
 
 
 # What Beam's workers find: in the index (a Parquet footer, a JSON line), or as they read (a gzip
@@ -350,11 +352,9 @@ def test_beam_refuses_a_bad_file_in_one_line_and_leaves_nothing(
 
 
 @pytest.mark.parametrize("bad, needles", BAD_FILES[1:3])
-def test_train_unigram_refuses_a_bad_file_in_one_line(
-    bad_files, run_script, tmp_path, bad, needles
-):
+def test_train_unigram_refuses_a_bad_file_in_one_line(bad_files, tmp_path, bad, needles):
     argv = flags(train_file=bad_files[bad], vocab_size=VOCAB_SIZE, output_dir=tmp_path / "out")
-    refused(run_script, "train_unigram.py", argv, tmp_path / "out", *needles)
+    refused(script_in_process, "train_unigram.py", argv, tmp_path / "out", *needles)
 
 
 def test_a_text_column_that_holds_no_text_is_refused_by_where_it_is(tmp_path):

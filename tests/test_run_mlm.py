@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 from helpers import MAX_LENGTH, TINY_MODEL, VOCAB_SIZE, mlm_flags
-from refusals import RUN_MLM, case, refused, refused_command
+from refusals import RUN_MLM, case, refused, refused_command, script_in_process
 
 import run_mlm
 from mlm_pipeline import contract, errors
@@ -543,13 +543,13 @@ def mlm_args(train_dataset, tokenizer, output_dir, *extra):
     )
 
 
-def test_run_mlm_refuses_to_replace_a_finished_run(run_script, shards_dir, tokenizer_dir, tmp_path):
+def test_run_mlm_refuses_to_replace_a_finished_run(shards_dir, tokenizer_dir, tmp_path):
     output_dir = tmp_path / "model"
     output_dir.mkdir()
     (output_dir / "config.json").write_text('{"model_type": "roberta"}\n')
     (output_dir / "tf_model.h5").write_bytes(b"finished weights")
     args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
-    refused(run_script, "run_mlm.py", args, output_dir, output_dir, "--overwrite_output_dir")
+    refused(script_in_process, "run_mlm.py", args, output_dir, output_dir, "--overwrite_output_dir")
 
 
 @pytest.fixture(scope="module")
@@ -568,15 +568,13 @@ def tokenizer_without_mask(tokenizer_dir, tmp_path_factory):
     return folder
 
 
-def test_run_mlm_tokenizer_without_mask_token(
-    run_script, shards_dir, tokenizer_without_mask, tmp_path
-):
+def test_run_mlm_tokenizer_without_mask_token(shards_dir, tokenizer_without_mask, tmp_path):
     output_dir = tmp_path / "model"
     args = mlm_args(shards_dir / "train", tokenizer_without_mask, output_dir)
-    refused(run_script, "run_mlm.py", args, output_dir, tokenizer_without_mask, "mask")
+    refused(script_in_process, "run_mlm.py", args, output_dir, tokenizer_without_mask, "mask")
 
 
-def test_run_mlm_shards_from_another_tokenizer(run_script, shards_dir, tokenizer_dir, tmp_path):
+def test_run_mlm_shards_from_another_tokenizer(shards_dir, tokenizer_dir, tmp_path):
     split_dir = tmp_path / "train"
     shutil.copytree(shards_dir / "train", split_dir)
     manifest = json.loads((split_dir / "manifest.json").read_text())
@@ -584,18 +582,16 @@ def test_run_mlm_shards_from_another_tokenizer(run_script, shards_dir, tokenizer
     (split_dir / "manifest.json").write_text(json.dumps(manifest))
     output_dir = tmp_path / "model"
     args = mlm_args(split_dir, tokenizer_dir, output_dir)
-    refused(run_script, "run_mlm.py", args, output_dir, VOCAB_SIZE * 10, "--tokenizer")
+    refused(script_in_process, "run_mlm.py", args, output_dir, VOCAB_SIZE * 10, "--tokenizer")
 
 
-def test_run_mlm_batch_larger_than_the_data(
-    run_script, shards_dir, tokenizer_dir, read_manifest, tmp_path
-):
+def test_run_mlm_batch_larger_than_the_data(shards_dir, tokenizer_dir, read_manifest, tmp_path):
     output_dir = tmp_path / "model"
     records = read_manifest(shards_dir / "train")["records"]
     args = mlm_args(
         shards_dir / "train", tokenizer_dir, output_dir, "--per_replica_batch_size", records + 1
     )
-    refused(run_script, "run_mlm.py", args, output_dir, records + 1, records)
+    refused(script_in_process, "run_mlm.py", args, output_dir, records + 1, records)
 
 
 # In-process: checks that run after the tokenizer and manifests load (the CLI turns the same
@@ -690,27 +686,27 @@ def damaged_split(shards_dir, tmp_path):
     return split_dir, manifest["shards"][1]["file"]
 
 
-def refused_naming(run_script, split_dir, tokenizer_dir, output_dir, *needles):
+def refused_naming(split_dir, tokenizer_dir, output_dir, *needles):
     """run_mlm.py on the damaged split is refused, naming `needles`."""
     args = mlm_args(split_dir, tokenizer_dir, output_dir)
-    refused(run_script, "run_mlm.py", args, output_dir, *needles)
+    refused(script_in_process, "run_mlm.py", args, output_dir, *needles)
 
 
-def test_run_mlm_shard_of_garbage_bytes(run_script, damaged_split, tokenizer_dir, tmp_path):
+def test_run_mlm_shard_of_garbage_bytes(damaged_split, tokenizer_dir, tmp_path):
     split_dir, shard = damaged_split
     (split_dir / shard).write_bytes(bytes(range(256)) * 12)
-    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard)
+    refused_naming(split_dir, tokenizer_dir, tmp_path / "model", shard)
 
 
-def test_run_mlm_truncated_shard(run_script, damaged_split, tokenizer_dir, tmp_path):
+def test_run_mlm_truncated_shard(damaged_split, tokenizer_dir, tmp_path):
     split_dir, shard = damaged_split
     data = (split_dir / shard).read_bytes()
     (split_dir / shard).write_bytes(data[: len(data) // 2])
-    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard)
+    refused_naming(split_dir, tokenizer_dir, tmp_path / "model", shard)
 
 
 def test_run_mlm_token_ids_outside_the_vocabulary(
-    run_script, damaged_split, tokenizer_dir, tokenizer, tmp_path
+    damaged_split, tokenizer_dir, tokenizer, tmp_path
 ):
     import tensorflow as tf
 
@@ -728,12 +724,10 @@ def test_run_mlm_token_ids_outside_the_vocabulary(
     # whole, as listed: only the ids are wrong
     manifest["shards"][1]["bytes"] = (split_dir / shard).stat().st_size
     (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard, too_large)
+    refused_naming(split_dir, tokenizer_dir, tmp_path / "model", shard, too_large)
 
 
-def test_run_mlm_manifest_counts_disagree_with_the_shards(
-    run_script, damaged_split, tokenizer_dir, tmp_path
-):
+def test_run_mlm_manifest_counts_disagree_with_the_shards(damaged_split, tokenizer_dir, tmp_path):
     split_dir, shard = damaged_split
     manifest = json.loads((split_dir / "manifest.json").read_text())
     for entry in manifest["shards"]:
@@ -745,18 +739,18 @@ def test_run_mlm_manifest_counts_disagree_with_the_shards(
     manifest["records"] += 50
     manifest["tokens"] = manifest["records"] * manifest["max_length"]
     (split_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    refused_naming(run_script, split_dir, tokenizer_dir, tmp_path / "model", shard, listed)
+    refused_naming(split_dir, tokenizer_dir, tmp_path / "model", shard, listed)
 
 
 # An output path that cannot be a folder, and a folder that is not a tokenizer
 
 
-def test_run_mlm_output_under_a_file(run_script, shards_dir, tokenizer_dir, tmp_path):
+def test_run_mlm_output_under_a_file(shards_dir, tokenizer_dir, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("a file where a folder should be\n")
     output_dir = a_file / "model"
     args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir)
-    refused(run_script, "run_mlm.py", args, tmp_path, output_dir)
+    refused(script_in_process, "run_mlm.py", args, tmp_path, output_dir)
 
 
 def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
@@ -776,9 +770,9 @@ def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
         run_in_process(*args)
 
 
-def test_run_mlm_tokenizer_folder_without_a_tokenizer(run_script, shards_dir, tmp_path):
+def test_run_mlm_tokenizer_folder_without_a_tokenizer(shards_dir, tmp_path):
     empty = tmp_path / "tokenizer"
     empty.mkdir()
     output_dir = tmp_path / "model"
     args = mlm_args(shards_dir / "train", empty, output_dir)
-    refused(run_script, "run_mlm.py", args, output_dir, empty)
+    refused(script_in_process, "run_mlm.py", args, output_dir, empty)
