@@ -278,8 +278,9 @@ def test_a_failed_final_push_is_one_line_and_the_model_stays_saved(
     assert hub.commits("tester/mlm") == []
 
 
-# seconds: --hub_push_timeout for the stuck pushes below, ample for a tiny model on loopback
-PUSH_TIMEOUT = 10
+# seconds: --hub_push_timeout for the stuck pushes below, ample for a tiny model's files to reach
+# the held commit on loopback; the held push is the only one that waits on it
+PUSH_TIMEOUT = 5
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 from helpers import TINY_MODEL, kill_when, run_command, start_script, tiny_run_flags
+from refusals import script_in_process
 
 import run_mlm
 from mlm_pipeline import contract, segments
@@ -120,7 +121,7 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_run_ends(
 
 
 def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
-    run_script, shards_dir, tokenizer_dir, tmp_path
+    shards_dir, tokenizer_dir, tmp_path
 ):
     output_dir = tmp_path / "run"
     first = training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 12)
@@ -131,7 +132,7 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
     (output_dir / "config.json").unlink()  # as if the run had been killed before its final save
     checkpoints = sorted(path.name for path in (output_dir / contract.CHECKPOINT_DIR).iterdir())
 
-    result = run_script("run_mlm.py", *other)
+    result = script_in_process("run_mlm.py", *other)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "learning_rate" in result.stderr and "--overwrite_output_dir" in result.stderr
     assert (
