@@ -57,10 +57,12 @@ def script_in_process(script, *args):
         try:
             exit_on_usage_error(module.main, module.parse_args([str(arg) for arg in args]), script)
             returncode = 0
-        except SystemExit as exit:  # sys.exit(message) prints it and exits 1, as Python does
-            if isinstance(exit.code, str):
+        except SystemExit as exit:
+            if isinstance(exit.code, str):  # sys.exit(message): Python prints it and exits 1
                 print(exit.code, file=sys.stderr)
-            returncode = 1 if isinstance(exit.code, str) else exit.code or 0
+                returncode = 1
+            else:  # argparse's exit 2, or sys.exit(None)
+                returncode = exit.code or 0
     return subprocess.CompletedProcess(
         [script, *args], returncode, stdout.getvalue(), stderr.getvalue()
     )
