@@ -21,24 +21,24 @@ the masked positions only. The saved folder loads with `pipeline("fill-mask", mo
         --train_dataset gs://my-bucket/domain/train \
         --eval_dataset gs://my-bucket/domain/validation --output_dir gs://my-bucket/roberta-domain
 
-Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipeline/.
+Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipeline/; the Hub
+pusher, the PyTorch copy and the parent's loader are imported only when their flags ask.
 """
 
 import argparse
+import dataclasses
 import functools
 import math
 import sys
+from typing import Optional
 
 from mlm_pipeline import (
+    architecture,
     contract,
-    flag_checks,
     hosts,
     hub,
-    hub_pusher,
     metrics,
-    model_config,
     model_folder,
-    pretrained_model,
     segments,
     shard_checks,
     storage,
@@ -59,35 +59,105 @@ from mlm_pipeline.errors import (
     positive_int,
     probability,
 )
-from mlm_pipeline.pytorch_export import check_pytorch_export, write_pytorch_copy
 
-# Flags that shape the batches and the optimizer: a resumed run must have the same (the model card
-# shows them, and CARD_SETTINGS); --gradient_accumulation_steps may change: the same steps.
-RESUME_SETTINGS = (
-    "model_name_or_path",
-    "seed",
-    "learning_rate",
-    "mlm_probability",
-    "train_mlm_probability",
-    "whole_word_masking",
-    "shuffle_buffer_size",
-    "warmup_ratio",
-    "decay_ratio",
-    "weight_decay_rate",
-    "max_grad_norm",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "short_sequence_length",
-    "short_sequence_ratio",
-)
-CARD_SETTINGS = ("per_replica_batch_size", "gradient_accumulation_steps", "mlm_head", "bfloat16")
-CARD_PATHS = ("hub_model_id", "output_dir", "train_dataset", "eval_dataset", "model_name_or_path")
+# The settings travel in these groups, each made once from the flags of its name (`settings()`)
+# and handed on whole. A resumed run must share the masking and the optimizer (they shape its
+# batches and updates); the model card shows them and the speed settings.
 
 
-def flag_values(args, names):
-    """{name: value} of the flags `names`: what the resume check and the model card record."""
-    return {name: getattr(args, name) for name in names}
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The model to train: a published masked LM to continue, or an architecture to train from
+    random weights."""
+
+    model_name_or_path: Optional[str]
+    pretrained_model_config: Optional[str]
+    config_overrides: Optional[str]
+    trust_remote_code: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+    """What each training batch holds, drawn from the seed: the shuffle, the masks, the
+    sequence-length warmup."""
+
+    seed: int
+    mlm_probability: float
+    train_mlm_probability: Optional[float]
+    whole_word_masking: bool
+    shuffle_buffer_size: int
+    short_sequence_length: Optional[int]
+    short_sequence_ratio: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """AdamW and its learning-rate schedule."""
+
+    learning_rate: float
+    weight_decay_rate: float
+    warmup_ratio: float
+    decay_ratio: Optional[float]
+    max_grad_norm: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+
+    def __post_init__(self):
+        if self.decay_ratio is not None and self.decay_ratio > 1.0 - self.warmup_ratio:
+            raise UsageError(
+                f"--decay_ratio {self.decay_ratio} must lie in (0, 1 - --warmup_ratio] with "
+                f"--warmup_ratio {self.warmup_ratio}: the decay follows the warmup (e.g. 0.25)."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Speed:
+    """How each step runs on the hardware: the same updates at another cost (but for the batch)."""
+
+    per_replica_batch_size: int
+    gradient_accumulation_steps: int
+    mlm_head: str
+    bfloat16: bool
+    jit_compile: bool
+    steps_per_execution: int
+
+    def __post_init__(self):
+        if self.per_replica_batch_size % self.gradient_accumulation_steps:
+            raise UsageError(
+                f"--gradient_accumulation_steps {self.gradient_accumulation_steps} must divide "
+                f"--per_replica_batch_size {self.per_replica_batch_size} into equal micro-batches."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """How long to train, and when to evaluate, checkpoint and log."""
+
+    num_epochs: int
+    max_steps: Optional[int]
+    eval_steps: Optional[int]
+    max_eval_samples: Optional[int]
+    save_steps: int
+    save_total_limit: int
+    logging_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """Where the model goes: --output_dir, with its PyTorch copy, and the Hub."""
+
+    output_dir: str
+    overwrite_output_dir: bool
+    no_pytorch_export: bool
+    hub_model_id: Optional[str]
+    hub_private: bool
+    hub_push_timeout: int
+
+
+def settings(group, args):
+    """The settings `group` (a dataclass above) holds: the flags named as its fields."""
+    return group(**{field.name: getattr(args, field.name) for field in dataclasses.fields(group)})
 
 
 def parse_args(argv=None):
@@ -108,45 +178,11 @@ def parse_args(argv=None):
         "--eval_steps steps (local or gs://).",
     )
     add(
-        "--max_eval_samples",
-        type=positive_int,
-        help="Score only the first this many sequences of --eval_dataset, in whole global "
-        "batches (on several hosts, each host's first share); all of them when not given.",
-    )
-    add(
         "--tokenizer",
         help="The shards' tokenizer: a folder or a Hub id; with --model_name_or_path, that "
         "model's own when not given.",
     )
-    add(
-        "--max_length",
-        type=positive_int,
-        help="Tokens per sequence, to check against the shards (their manifest gives it anyway).",
-    )
-    add(
-        "--mlm_probability",
-        type=probability,
-        default=0.15,
-        help="Share of each sequence's tokens masked (in training too, unless "
-        "--train_mlm_probability).",
-    )
-    add(
-        "--train_mlm_probability",
-        type=probability,
-        help="Share masked in training alone, e.g. 0.3; evaluation keeps --mlm_probability.",
-    )
-    add(
-        "--shuffle_buffer_size",
-        type=positive_int,
-        default=2**16,
-        help="Training sequences shuffled together: the shards are read in blocks this long.",
-    )
-    add(
-        "--whole_word_masking",
-        action="store_true",
-        help="In training, mask every piece of a chosen word, never part of one.",
-    )
-    add = parser.add_argument_group("model").add_argument
+    add = parser.add_argument_group("model", Model.__doc__).add_argument
     add(
         "--model_name_or_path",
         help="Continue pretraining this masked LM on your text: a Hub id (roberta-base, "
@@ -168,39 +204,49 @@ def parse_args(argv=None):
         action="store_true",
         help="Allow the Python code of a Hub repository's tokenizer or config to run.",
     )
-    add = parser.add_argument_group("training").add_argument
+    add = parser.add_argument_group("masking", Masking.__doc__).add_argument
     add(
-        "--output_dir",
-        required=True,
-        help="Where the model, its checkpoints and its logs go (local or gs://).",
+        "--seed",
+        type=int,
+        default=42,
+        help="Seed of the shuffles, the masks and the initial weights.",
     )
     add(
-        "--overwrite_output_dir",
+        "--mlm_probability",
+        type=probability,
+        default=0.15,
+        help="Share of each sequence's tokens masked (in training too, unless "
+        "--train_mlm_probability).",
+    )
+    add(
+        "--train_mlm_probability",
+        type=probability,
+        help="Share masked in training alone, e.g. 0.3; evaluation keeps --mlm_probability.",
+    )
+    add(
+        "--whole_word_masking",
         action="store_true",
-        help="Replace a finished model in --output_dir instead of refusing to.",
+        help="In training, mask every piece of a chosen word, never part of one.",
     )
     add(
-        "--no_pytorch_export",
-        action="store_true",
-        help="Skip the pytorch/ copy of the model that transformers 5 loads.",
-    )
-    add(
-        "--per_replica_batch_size",
+        "--shuffle_buffer_size",
         type=positive_int,
-        default=8,
-        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
+        default=2**16,
+        help="Training sequences shuffled together: the shards are read in blocks this long.",
     )
     add(
-        "--num_epochs",
+        "--short_sequence_length",
         type=positive_int,
-        default=1,
-        help="Passes over the training shards (unless --max_steps).",
+        help="Sequence-length warmup: train the first steps on pieces of this many tokens, cut "
+        "from the shards' sequences.",
     )
     add(
-        "--max_steps",
-        type=positive_int,
-        help="Optimizer steps in all, in place of --num_epochs: may end mid-pass or repeat data.",
+        "--short_sequence_ratio",
+        type=probability,
+        default=0.5,
+        help="Share of the steps trained on those pieces (with --short_sequence_length).",
     )
+    add = parser.add_argument_group("optimizer", Optimizer.__doc__).add_argument
     add("--learning_rate", type=positive_float, default=1e-4, help="Peak learning rate.")
     add(
         "--weight_decay_rate",
@@ -244,17 +290,12 @@ def parse_args(argv=None):
         default=1e-8,
         help="Adam's epsilon, added to the denominator of every update.",
     )
+    add = parser.add_argument_group("speed", Speed.__doc__).add_argument
     add(
-        "--short_sequence_length",
+        "--per_replica_batch_size",
         type=positive_int,
-        help="Sequence-length warmup: train the first steps on pieces of this many tokens, cut "
-        "from the shards' sequences.",
-    )
-    add(
-        "--short_sequence_ratio",
-        type=probability,
-        default=0.5,
-        help="Share of the steps trained on those pieces (with --short_sequence_length).",
+        default=8,
+        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
     )
     add(
         "--gradient_accumulation_steps",
@@ -262,12 +303,6 @@ def parse_args(argv=None):
         default=1,
         help="Split each replica's batch into this many micro-batches: the same step, in less "
         "memory.",
-    )
-    add(
-        "--seed",
-        type=int,
-        default=42,
-        help="Seed of the shuffles, the masks and the initial weights.",
     )
     add(
         "--mlm_head",
@@ -289,12 +324,30 @@ def parse_args(argv=None):
         default=1,
         help="Steps run by one call to the device: more hide the host's overhead (TPUs).",
     )
+    add = parser.add_argument_group("steps", Steps.__doc__).add_argument
+    add(
+        "--num_epochs",
+        type=positive_int,
+        default=1,
+        help="Passes over the training shards (unless --max_steps).",
+    )
+    add(
+        "--max_steps",
+        type=positive_int,
+        help="Optimizer steps in all, in place of --num_epochs: may end mid-pass or repeat data.",
+    )
     add(
         "--eval_steps",
         type=positive_int,
         help="Evaluate every this many optimizer steps, whatever the epochs, and there write the "
         "TensorBoard and training_log.csv figures, a checkpoint and the Hub snapshot; when not "
         "given, at every epoch end.",
+    )
+    add(
+        "--max_eval_samples",
+        type=positive_int,
+        help="Score only the first this many sequences of --eval_dataset, in whole global "
+        "batches (on several hosts, each host's first share); all of them when not given.",
     )
     add(
         "--save_steps",
@@ -315,18 +368,38 @@ def parse_args(argv=None):
         default=50,
         help="Write the training scalars to TensorBoard every this many steps.",
     )
+    add = parser.add_argument_group("output", Output.__doc__).add_argument
+    add(
+        "--output_dir",
+        required=True,
+        help="Where the model, its checkpoints and its logs go (local or gs://).",
+    )
+    add(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Replace a finished model in --output_dir instead of refusing to.",
+    )
+    add(
+        "--no_pytorch_export",
+        action="store_true",
+        help="Skip the pytorch/ copy of the model that transformers 5 loads.",
+    )
     add("--hub_model_id", help="Push snapshots and the model to this Hub repo (namespace/name).")
     add("--hub_private", action="store_true", help="Make a new --hub_model_id repo private.")
     add(
         "--hub_push_timeout",
         type=positive_int,
-        default=hub_pusher.FINAL_PUSH_TIMEOUT,
+        default=hub.FINAL_PUSH_TIMEOUT,
         help="Seconds to wait, at most, for the final Hub push to upload.",
     )
     add = parser.add_argument_group("hardware").add_argument
-    add("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM.")
-    add("--tpu_zone", help="Zone of a TPU node, when not on a TPU VM.")
-    add("--gcp_project", help="GCP project of a TPU node, when not on a TPU VM.")
+    add("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM or a pod slice.")
+    add(
+        "--tpu_zone",
+        help="Zone of a TPU node (the older TPUs driven from a separate VM); not needed on a TPU "
+        "VM.",
+    )
+    add("--gcp_project", help="GCP project of a TPU node; not needed on a TPU VM.")
     add("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
     add(
         "--multi_worker",
@@ -412,11 +485,7 @@ def build_dataset(
     *,
     tokenizer,
     max_length,
-    mlm_probability,
-    seed,
-    train_mlm_probability,
-    shuffle_buffer_size,
-    whole_word_masking,
+    masking,
     start_epoch=0,
     start_batch=0,
     batches_per_epoch=None,
@@ -424,13 +493,14 @@ def build_dataset(
     pieces=1,
 ):
     """One host's input pipeline: shards -> shuffled, parsed, masked batches of ({"input_ids",
-    "masked_positions"}, labels), every shape static. Training data is an endless stream of epochs
-    (at most `batches_per_epoch` batches each: all hosts take the same steps), its randomness
-    stateless: epoch e reads the shards in an order drawn from (seed, e), shuffles blocks of records
-    with seeds from (seed, e, block) and masks batch i with (seed, e, i). The masks change every
-    epoch, as in RoBERTa, yet a resumed run rebuilds the stream from (`start_epoch`, `start_batch`).
-    Evaluation: one pass in file order, fixed masks, `mlm_probability` even when training masks at
-    `train_mlm_probability`, so runs compare. `pieces` > 1: the sequence-length warmup's pieces."""
+    "masked_positions"}, labels), every shape static. `masking`: the Masking settings. Training
+    data is an endless stream of epochs (at most `batches_per_epoch` batches each: all hosts take
+    the same steps), its randomness stateless: epoch e reads the shards in an order drawn from
+    (seed, e), shuffles blocks of records with seeds from (seed, e, block) and masks batch i with
+    (seed, e, i). The masks change every epoch, as in RoBERTa, yet a resumed run rebuilds the
+    stream from (`start_epoch`, `start_batch`). Evaluation: one pass in file order, fixed masks,
+    --mlm_probability even when training masks at --train_mlm_probability, so runs compare.
+    `pieces` > 1: the sequence-length warmup's pieces."""
     import tensorflow as tf
 
     special = set(tokenizer.all_special_ids)
@@ -438,12 +508,13 @@ def build_dataset(
     replacement_ids = tf.constant([i for i in range(len(tokenizer)) if i not in special])
     mask_token_id = tf.constant(tokenizer.mask_token_id, dtype=tf.int32)
     word_starts = None
-    if training and whole_word_masking:
+    if training and masking.whole_word_masking:
         word_starts = tf.constant(whole_words.word_start_table(tokenizer))
-    if training and train_mlm_probability:
-        mlm_probability = train_mlm_probability
+    mlm_probability = masking.mlm_probability
+    if training and masking.train_mlm_probability:
+        mlm_probability = masking.train_mlm_probability
     files = tf.constant(files)
-    base_seed = tf.constant([seed, 1 if training else 2], dtype=tf.int64)  # train, eval differ
+    base_seed = tf.constant([masking.seed, 1 if training else 2], dtype=tf.int64)  # train, eval
     if pipeline:  # each host draws its own; host 0 draws those of a single-host run
         base_seed = tf.random.experimental.stateless_fold_in(base_seed, pipeline)
 
@@ -464,7 +535,7 @@ def build_dataset(
             deterministic=True,
         )
         if training:
-            records = records.batch(shuffle_buffer_size).enumerate()
+            records = records.batch(masking.shuffle_buffer_size).enumerate()
             records = records.flat_map(
                 lambda block, serialized: tf.data.Dataset.from_tensor_slices(
                     tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
@@ -500,32 +571,23 @@ def build_dataset(
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def build_config(
-    tokenizer,
-    max_length,
-    *,
-    parent=None,
-    pretrained_model_config=None,
-    config_overrides=None,
-    trust_remote_code=False,
-    pytorch_export=True,
-):
-    """From scratch: the architecture (RoBERTa-base's unless `pretrained_model_config`, with
-    `config_overrides`) with the tokenizer's size and special ids, and room for `max_length`
-    positions. Continued (`parent`, a pretrained_model.PretrainedModel): the parent's config as it
-    is, but for dropout; its vocabulary and positions must already hold the tokenizer's ids and
-    `max_length` tokens. With `pytorch_export`, a config the PyTorch copy cannot be written for is
-    refused now, not after training."""
+def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True):
+    """From scratch: the architecture (the Model settings: RoBERTa-base's unless
+    --pretrained_model_config, with --config_overrides) with the tokenizer's size and special ids,
+    and room for `max_length` positions. Continued (`parent`, a pretrained_model.Parent): the
+    parent's config as it is, but for dropout. With `pytorch_export`, a config the PyTorch copy
+    cannot be written for is refused now, not after training."""
     if parent is None:
-        config = model_config.load_config(
-            pretrained_model_config, config_overrides, trust_remote_code
+        config = architecture.load_config(
+            model.pretrained_model_config, model.config_overrides, model.trust_remote_code
         )
-        model_config.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size, positions
+        architecture.fit_to_tokenizer(config, tokenizer, max_length)  # its ids, size, positions
     else:
-        config = model_config.continued_config(parent.config, config_overrides, parent.name)
-        pretrained_model.check_continuation(parent, tokenizer, max_length)
+        config = parent.config
     if pytorch_export:
-        check_pytorch_export(config)
+        from mlm_pipeline import pytorch_export as export  # only for the PyTorch copy
+
+        export.check_pytorch_export(config)
     return config
 
 
@@ -646,63 +708,47 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     return loss_sum, gradients
 
 
-def build_model(
-    config,
-    strategy,
-    mask_token_id,
-    total_steps,
-    *,
-    parent=None,
-    learning_rate,
-    warmup_ratio,
-    decay_ratio,
-    weight_decay_rate,
-    adam_beta1,
-    adam_beta2,
-    adam_epsilon,
-    max_grad_norm,
-    mlm_head,
-    gradient_accumulation_steps,
-    bfloat16,
-    jit_compile,
-    steps_per_execution,
-):
+def build_model(config, strategy, mask_token_id, total_steps, optimizer, speed, parent=None):
     """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
-    `total_steps`, made in the strategy's scope and compiled for fit(). The masked LM starts from
-    random weights, or from those of `parent` (continued pretraining)."""
+    `total_steps` (the Optimizer settings), made in the strategy's scope and compiled for fit() as
+    the Speed settings say. The masked LM starts from random weights, or from those of `parent`
+    (continued pretraining)."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
     tf_startup.hide_transformers_tf_deprecation()
-    if bfloat16:
+    if speed.bfloat16:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before any layer is built
     with strategy.scope():
         if parent is None:
             masked_lm = TFAutoModelForMaskedLM.from_config(config)
         else:  # from_pretrained, or the parent's PyTorch weights read without torch
-            masked_lm = pretrained_model.load_weights(
-                TFAutoModelForMaskedLM, parent, config, whole=True
-            )
+            masked_lm = parent.load_masked_lm(TFAutoModelForMaskedLM)
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
-        trainer = masked_lm_trainer(masked_lm, mlm_head, mask_token_id, gradient_accumulation_steps)
+        trainer = masked_lm_trainer(
+            masked_lm, speed.mlm_head, mask_token_id, speed.gradient_accumulation_steps
+        )
         # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
         # gradients clipped together.
-        warmup_steps = int(warmup_ratio * total_steps)
-        optimizer, _ = create_optimizer(
-            learning_rate,
+        warmup_steps = int(optimizer.warmup_ratio * total_steps)
+        adamw, _ = create_optimizer(
+            optimizer.learning_rate,
             total_steps,
             warmup_steps,
-            weight_decay_rate=weight_decay_rate,
-            adam_beta1=adam_beta1,
-            adam_beta2=adam_beta2,
-            adam_epsilon=adam_epsilon,
-            adam_global_clipnorm=max_grad_norm or None,
+            weight_decay_rate=optimizer.weight_decay_rate,
+            adam_beta1=optimizer.adam_beta1,
+            adam_beta2=optimizer.adam_beta2,
+            adam_epsilon=optimizer.adam_epsilon,
+            adam_global_clipnorm=optimizer.max_grad_norm or None,
         )
-        if decay_ratio:  # warmup-stable-decay instead of the triangle
-            decay_steps = max(1, round(decay_ratio * total_steps))
-            schedule = warmup_stable_decay(learning_rate, total_steps, warmup_steps, decay_steps)
-            optimizer.learning_rate = schedule
-        trainer.compile(optimizer, jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+        if optimizer.decay_ratio:  # warmup-stable-decay instead of the triangle
+            decay_steps = max(1, round(optimizer.decay_ratio * total_steps))
+            adamw.learning_rate = warmup_stable_decay(
+                optimizer.learning_rate, total_steps, warmup_steps, decay_steps
+            )
+        trainer.compile(
+            adamw, jit_compile=speed.jit_compile, steps_per_execution=speed.steps_per_execution
+        )
     return masked_lm, trainer
 
 
@@ -723,13 +769,13 @@ def warmup_stable_decay(peak, total_steps, warmup_steps, decay_steps):
     return WarmupStableDecay()
 
 
-def sequence_length_warmup(max_length, total_steps, short_sequence_length, short_sequence_ratio):
+def sequence_length_warmup(max_length, total_steps, masking):
     """(steps on short pieces, pieces per sequence): the sequence-length warmup's short phase, cut
     from the shards as they are (not the learning rate's --warmup_ratio). On short sequences a
     [MASK] gets more of the attention from its neighbours, and each position is trained by more
     sequences a step: a model learns to read its context sooner. BERT did 90% of its steps at 128
     tokens, then 512, from data written twice; here the phase follows from the step."""
-    short = short_sequence_length
+    short = masking.short_sequence_length
     if short is None:
         return 0, 1
     if short >= max_length or max_length % short:
@@ -737,7 +783,7 @@ def sequence_length_warmup(max_length, total_steps, short_sequence_length, short
             f"--short_sequence_length {short} must divide the shards' length {max_length} into "
             f"pieces (e.g. {max_length // 4}); or drop it to train at full length throughout."
         )
-    short_steps, pieces = round(short_sequence_ratio * total_steps), max_length // short
+    short_steps, pieces = round(masking.short_sequence_ratio * total_steps), max_length // short
     print(
         f"Sequence-length warmup: steps 1-{short_steps:,} on {pieces} pieces of {short} tokens a "
         f"sequence, the rest at {max_length}."
@@ -792,18 +838,14 @@ def save_model(folder, masked_lm, tokenizer, pytorch_export=True):
     masked_lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     if pytorch_export:
-        write_pytorch_copy(masked_lm, tokenizer, folder)
+        from mlm_pipeline import pytorch_export as export  # only for the PyTorch copy
+
+        export.write_pytorch_copy(masked_lm, tokenizer, folder)
 
 
 def check_args(args):
     """Flags that cannot work together, then the paths: one line for each, before any work (a flag
-    wrong on its own was refused by its argparse type)."""
-    flag_checks.check_recipe_flags(
-        warmup_ratio=args.warmup_ratio,
-        decay_ratio=args.decay_ratio,
-        per_replica_batch_size=args.per_replica_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-    )
+    wrong on its own was refused by its argparse type; the groups check their own settings)."""
     args.no_tpu = args.no_tpu or args.multi_worker
     hosts.check_hardware_flags(args.no_tpu, args.multi_worker, args.cpu_replicas, args.jit_compile)
     hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-from-scratch")
@@ -813,9 +855,7 @@ def check_args(args):
             f"architecture, but --pretrained_model_config {args.pretrained_model_config} names an "
             "architecture to train from random weights; pass one of them."
         )
-    if args.model_name_or_path:
-        model_config.check_continued_overrides(args.config_overrides, args.model_name_or_path)
-    elif not args.tokenizer:
+    if not args.model_name_or_path and not args.tokenizer:
         raise UsageError(
             "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
             "wrote (or a Hub id), or --model_name_or_path to continue a published model with its "
@@ -836,181 +876,152 @@ def check_args(args):
         model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
 
-def start_training_run(
-    args, strategy, config, tokenizer, manifests, plan, total_steps, phase_end, evaluation, paths
-):
-    """The run's plumbing (training_run.py): output folder, resume, Hub pushes. Its pusher replaces
-    the 🤗 TPU example's PushToHubCallback, which in transformers 4.57 clones the Hub repository
-    with git into --output_dir (so never gs://) and has hung at the end of training: this one
-    uploads over HTTP from a background thread (hub_pusher.py)."""
-    pytorch_export = not args.no_pytorch_export
-    return training_run.TrainingRun(
-        strategy,
-        config,
-        tokenizer,
-        manifests,
-        plan,
-        total_steps,
-        save_model=functools.partial(
-            save_model, tokenizer=tokenizer, pytorch_export=pytorch_export
-        ),
-        recipe=flag_values(args, RESUME_SETTINGS),
-        card_settings=flag_values(args, CARD_SETTINGS),
-        paths=paths,
-        output_dir=args.output_dir,
-        overwrite_output_dir=args.overwrite_output_dir,
-        hub_model_id=args.hub_model_id,
-        hub_private=args.hub_private,
-        hub_push_timeout=args.hub_push_timeout,
-        steps_per_evaluation=args.eval_steps,
-        phase_end=phase_end,
-        evaluation=evaluation,
+def load_parent(model):
+    """--model_name_or_path: the published model to continue, its config and tokenizer (its weights
+    come with the model); checked, with --config_overrides, before any work. None without it."""
+    if not model.model_name_or_path:
+        return None
+    from mlm_pipeline.pretrained_model import Parent  # only for continued pretraining
+
+    return Parent(model.model_name_or_path, model.config_overrides, model.trust_remote_code)
+
+
+def load_tokenizer(args, parent):
+    """The shards' tokenizer: --tokenizer, else the parent's own. Returns it with its name and the
+    words that say where it came from, for the refusals that name it."""
+    if args.tokenizer:
+        tokenizer = contract.load_tokenizer(
+            args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
+        )
+        return tokenizer, args.tokenizer, f"--tokenizer {args.tokenizer}"
+    name = args.model_name_or_path
+    return parent.tokenizer, name, f"the tokenizer of --model_name_or_path {name}"
+
+
+def distributed_dataset(strategy, plan, training, tokenizer, masking, start_step=0, pieces=1):
+    """Every replica's masked batches from optimizer step `start_step` on: one input pipeline per
+    host (build_dataset), each reading shard files of its own and batched for its own replicas
+    (hosts.py's `plan`)."""
+
+    def host_pipeline(context):
+        host = plan.pipeline_input(context, start_step)
+        return build_dataset(
+            files=host.files,
+            batch_size=host.batch_size,
+            training=training,
+            tokenizer=tokenizer,
+            max_length=tokenizer.model_max_length,
+            masking=masking,
+            pipeline=host.pipeline,
+            batches_per_epoch=host.batches_per_epoch,
+            start_epoch=host.start_epoch,
+            start_batch=host.start_batch,
+            pieces=pieces,
+        )
+
+    return strategy.distribute_datasets_from_function(host_pipeline)
+
+
+def evaluation_data(strategy, plan, manifest, tokenizer, masking, max_eval_samples):
+    """The evaluation's batches on every replica (None without --eval_dataset), how many each
+    evaluation scores (--max_eval_samples: the first whole ones only), and the line that says so."""
+    if plan is None:
+        return None, None, None
+    batches, line = segments.evaluation_batches(
+        plan.steps_per_epoch, manifest["records"], plan.global_batch_size, max_eval_samples
     )
+    return distributed_dataset(strategy, plan, False, tokenizer, masking), batches, line
 
 
 def main(args, callbacks=()):
     """Pretrain as the flags say; `callbacks`: Keras callbacks for fit() besides the run's own."""
     check_args(args)  # a bad flag, path or output folder is one line, before any work
-    # Continued pretraining: the published model's config and tokenizer now, its weights with the
-    # model below. Its tokenizer is the one to use, unless --tokenizer names another.
-    parent = None
-    if args.model_name_or_path:
-        parent = pretrained_model.PretrainedModel(
-            args.model_name_or_path, trust_remote_code=args.trust_remote_code
-        )
+    model, masking, optimizer = (settings(group, args) for group in (Model, Masking, Optimizer))
+    speed, steps, output = (settings(group, args) for group in (Speed, Steps, Output))
+    parent = load_parent(model)  # continued pretraining: the published model's config, tokenizer
     strategy = build_strategy(args)
     import tf_keras
 
-    tokenizer_name = args.tokenizer or args.model_name_or_path
-    if args.tokenizer:
-        tokenizer = contract.load_tokenizer(
-            args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
-        )
-    else:
-        tokenizer = parent.tokenizer
-    manifests = shard_checks.read_training_manifests(  # checked against the flags and the tokenizer
-        args.train_dataset, args.eval_dataset, tokenizer, tokenizer_name, args.max_length
+    # The data: shards checked against their tokenizer, read by one input pipeline per host.
+    tokenizer, tokenizer_name, tokenizer_flag = load_tokenizer(args, parent)
+    manifests = shard_checks.read_training_manifests(
+        args.train_dataset, args.eval_dataset, tokenizer, tokenizer_name, tokenizer_flag
     )
     max_length = tokenizer.model_max_length = manifests[0]["max_length"]
-    train_plan, eval_plan = hosts.input_plans(strategy, manifests, args.per_replica_batch_size)
-    total_steps = args.max_steps or args.num_epochs * train_plan.steps_per_epoch
-    short_steps, pieces = sequence_length_warmup(
-        max_length, total_steps, args.short_sequence_length, args.short_sequence_ratio
-    )
-    # fit()'s epochs: passes over the data, or --eval_steps steps of the endless training stream.
-    # Each ends with the evaluation, its scalars and row of training_log.csv, a checkpoint and the
-    # Hub snapshot.
-    steps_per_evaluation = args.eval_steps or train_plan.steps_per_epoch
-    eval_batches, evaluation = None, None
-    if eval_plan:  # --max_eval_samples: the first whole batches only
-        eval_batches, evaluation = segments.evaluation_batches(
-            eval_plan.steps_per_epoch,
-            manifests[1]["records"],
-            eval_plan.global_batch_size,
-            args.max_eval_samples,
-        )
-
-    def masked_batches(plan, training, start_step=0, pieces=1):
-        """Every replica's masked batches from optimizer step `start_step` on: one input pipeline
-        per host, each reading shard files of its own (hosts.py), batched for its own replicas."""
-
-        def host_pipeline(context):
-            host = plan.pipeline_input(context, start_step)
-            return build_dataset(
-                files=host.files,
-                batch_size=host.batch_size,
-                training=training,
-                tokenizer=tokenizer,
-                max_length=max_length,
-                mlm_probability=args.mlm_probability,
-                train_mlm_probability=args.train_mlm_probability,
-                whole_word_masking=args.whole_word_masking,
-                shuffle_buffer_size=args.shuffle_buffer_size,
-                seed=args.seed,
-                pipeline=host.pipeline,
-                batches_per_epoch=host.batches_per_epoch,
-                start_epoch=host.start_epoch,
-                start_batch=host.start_batch,
-                pieces=pieces,
-            )
-
-        return strategy.distribute_datasets_from_function(host_pipeline)
+    if parent:  # its vocabulary and positions must hold the shards'
+        parent.check_continuation(tokenizer, tokenizer_flag, max_length)
+    train_plan, eval_plan = hosts.input_plans(strategy, manifests, speed.per_replica_batch_size)
+    total_steps = steps.max_steps or steps.num_epochs * train_plan.steps_per_epoch
+    short_steps, pieces = sequence_length_warmup(max_length, total_steps, masking)
 
     def train_dataset_from(step):  # the warmup's first `short_steps` train on pieces
         step_pieces = pieces if step < short_steps else 1
-        return masked_batches(train_plan, training=True, start_step=step, pieces=step_pieces)
+        return distributed_dataset(
+            strategy, train_plan, True, tokenizer, masking, step, step_pieces
+        )
 
-    eval_dataset = eval_plan and masked_batches(eval_plan, training=False)
-
-    tf_keras.utils.set_random_seed(args.seed)
-    config = build_config(
-        tokenizer,
-        max_length,
-        parent=parent,
-        pretrained_model_config=args.pretrained_model_config,
-        config_overrides=args.config_overrides,
-        trust_remote_code=args.trust_remote_code,
-        pytorch_export=not args.no_pytorch_export,
+    eval_dataset, eval_batches, evaluation = evaluation_data(
+        strategy, eval_plan, manifests[1], tokenizer, masking, steps.max_eval_samples
     )
-    # The model first: a parent that cannot be loaded is refused before the output folder
-    # is touched.
+
+    # The model, before the output folder is touched: a parent that cannot be loaded stops here.
+    tf_keras.utils.set_random_seed(masking.seed)
+    pytorch_export = not output.no_pytorch_export
+    config = build_config(tokenizer, max_length, model, parent, pytorch_export)
     masked_lm, trainer = build_model(
-        config,
-        strategy,
-        tokenizer.mask_token_id,
-        total_steps,
-        parent=parent,
-        learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio,
-        decay_ratio=args.decay_ratio,
-        weight_decay_rate=args.weight_decay_rate,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_epsilon=args.adam_epsilon,
-        max_grad_norm=args.max_grad_norm,
-        mlm_head=args.mlm_head,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        bfloat16=args.bfloat16,
-        jit_compile=args.jit_compile,
-        steps_per_execution=args.steps_per_execution,
+        config, strategy, tokenizer.mask_token_id, total_steps, optimizer, speed, parent
     )
-    run = start_training_run(
-        args,
+    save = functools.partial(save_model, tokenizer=tokenizer, pytorch_export=pytorch_export)
+    run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
         strategy,
+        train_plan,
         config,
         tokenizer,
         manifests,
-        train_plan,
         total_steps,
+        recipe=(masking, optimizer),
+        speed=speed,
+        steps=steps,
+        output=output,
+        paths=card_paths(args, tokenizer_name, parent),
+        save_model=save,
         phase_end=short_steps,
         evaluation=evaluation,
-        # the model card names them; base_model, the Hub's link to the parent, for a Hub id only
-        paths={
-            **flag_values(args, CARD_PATHS),
-            "tokenizer": tokenizer_name,
-            "base_model": parent and parent.hub_id,
-        },
     )
-    start_step = run.resume(masked_lm, trainer.optimizer, args.save_total_limit)
+    start_step = run.resume(masked_lm, trainer.optimizer)
     if parent and eval_dataset and start_step == 0:  # where the parent stands on this text
         baseline = trainer.evaluate(eval_dataset, steps=eval_batches, return_dict=True, verbose=0)
         run.log_baseline(baseline)
-    with shard_checks.corrupt_shards_named(manifests, args.output_dir):  # which one, what to do
+    with shard_checks.corrupt_shards_named(manifests, output.output_dir):  # which one, what to do
         logs = fit_exact_steps(  # fit() in segments of fixed shapes: fit_exact_steps says why
             trainer,
             train_dataset_from,
             range(start_step, total_steps),
-            steps_per_evaluation,
+            steps.eval_steps or train_plan.steps_per_epoch,
             phase_end=short_steps,
-            numbered=not args.eval_steps,
+            numbered=not steps.eval_steps,
             validation_data=eval_dataset,
             validation_steps=eval_batches,
-            callbacks=run.callbacks(args.save_steps, args.logging_steps) + list(callbacks),
+            callbacks=run.callbacks() + list(callbacks),
         )
     if run.chief:  # one process writes the model: staged, then published with config.json last
-        with model_folder.staging(args.output_dir) as folder:
-            save_model(folder, masked_lm, tokenizer, pytorch_export=not args.no_pytorch_export)
+        with model_folder.staging(output.output_dir) as folder:
+            save(folder, masked_lm)
     return trainer, run.finish(trainer, logs)
+
+
+def card_paths(args, tokenizer_name, parent):
+    """What the model card names: where the model goes, what it was trained from, and base_model,
+    the Hub's link to the parent, for a Hub id only."""
+    return {
+        "hub_model_id": args.hub_model_id,
+        "output_dir": args.output_dir,
+        "train_dataset": args.train_dataset,
+        "eval_dataset": args.eval_dataset,
+        "tokenizer": tokenizer_name,
+        "model_name_or_path": args.model_name_or_path,
+        "base_model": parent and parent.hub_id,
+    }
 
 
 if __name__ == "__main__":

@@ -61,8 +61,9 @@ def curve_callback(args, eval_every, points):
             tokenizer = contract.load_tokenizer(
                 args.tokenizer, "--tokenizer", args.trust_remote_code
             )
+            flag = f"--tokenizer {args.tokenizer}"
             manifests = shard_checks.read_training_manifests(
-                args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, args.max_length
+                args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, flag
             )
             max_length = manifests[0]["max_length"]
             train_plan, eval_plan = hosts.input_plans(
@@ -78,11 +79,7 @@ def curve_callback(args, eval_every, points):
                 training=False,
                 tokenizer=tokenizer,
                 max_length=max_length,
-                mlm_probability=args.mlm_probability,
-                train_mlm_probability=args.train_mlm_probability,
-                seed=args.seed,
-                shuffle_buffer_size=args.shuffle_buffer_size,
-                whole_word_masking=args.whole_word_masking,
+                masking=run_mlm.settings(run_mlm.Masking, args),
                 batches_per_epoch=self.eval_steps,
             )
 

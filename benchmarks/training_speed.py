@@ -141,11 +141,7 @@ def pipeline_stream(args, flags):
         training=True,
         tokenizer=tokenizer,
         max_length=manifest["max_length"],
-        mlm_probability=flags.mlm_probability,
-        train_mlm_probability=flags.train_mlm_probability,
-        seed=flags.seed,
-        shuffle_buffer_size=flags.shuffle_buffer_size,
-        whole_word_masking=flags.whole_word_masking,
+        masking=run_mlm.settings(run_mlm.Masking, flags),
     )
     return iter(dataset), manifest["max_length"]
 

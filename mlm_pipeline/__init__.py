@@ -40,23 +40,22 @@ against the imports.
                                 who writes and which shard files each host's input pipeline reads
     model_folder           3 4  a finished model's folder: refused unless replaced on request,
                                 published so that it never looks finished early
-    pretrained_model       3 4  the model a run starts from (continued pretraining, fine-tuning):
-                                a folder or Hub id, checked with its tokenizer, its weights loaded
+    pretrained_model       3 4  the published model a run starts from: to fine-tune, or the
+                                parent of continued pretraining with all its rules; a folder or
+                                Hub id, checked with its tokenizer, its weights loaded
     pytorch_weights        3 4  a model published with PyTorch safetensors only, read into TF
                                 without torch
     pytorch_export         3    the PyTorch copy of a TF masked LM, written without torch, for
                                 transformers 5
-    flag_checks            3    run_mlm.py's flags that are wrong only together
     shard_checks           3    the shards run_mlm.py is given, checked before any work: manifests,
                                 sizes, first records; a corrupt one named during training
-    model_config           3    the architecture from --pretrained_model_config and
-                                --config_overrides
+    architecture           3 4  the architecture to train from random weights: a config from
+                                --pretrained_model_config, --config_overrides, the tokenizer's ids
     whole_words            3    --whole_word_masking: which tokens start a word, the masking of
                                 whole words
     metrics                3    the accuracy metrics, over the masked positions only
-    output_folder          3    run_mlm.py's output folder before training: started afresh, or
-                                resumed
-    checkpoints            3    checkpoints saved during fit() and restored on resume
+    checkpoints            3    run_mlm.py's output folder as a run goes: started afresh or
+                                checked to be this run's, checkpoints saved and restored on resume
     segments               3    optimizer steps counted through epochs and fit() calls of fixed
                                 shape
     training_logs          3    TensorBoard scalars, the CSV log, the curves PNG, the summary line

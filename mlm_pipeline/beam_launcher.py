@@ -16,6 +16,7 @@ import re
 
 from . import split_manifest
 from .errors import UsageError
+from .storage import is_local_path
 from .tf_startup import stderr_held_back
 
 DATAFLOW = "DataflowRunner"
@@ -93,7 +94,7 @@ def check_dataflow(options, *, tokenizer, output_dir, inputs):
                 f"{flag} {path} is on this machine, which Dataflow's workers cannot read or write; "
                 "put it in Cloud Storage (gs://...) and pass that path."
             )
-    if os.path.exists(tokenizer) or tokenizer.startswith((".", "/")):
+    if is_local_path(tokenizer):
         raise UsageError(
             f"--tokenizer_name_or_path {tokenizer} is a folder on this machine, which Dataflow's "
             f"workers cannot read; copy it to Cloud Storage (gsutil cp -r {tokenizer} "

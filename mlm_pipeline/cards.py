@@ -8,7 +8,7 @@ folder are named by `public_name()`, never by a local path.
 
 import os
 
-from .storage import is_remote
+from .storage import is_local_path, is_remote
 
 
 def public_name(path):
@@ -24,7 +24,7 @@ def public_name(path):
     """
     if not path or is_remote(path):
         return path
-    if os.path.isabs(path) or path.startswith(("~", ".")) or os.path.exists(path):
+    if is_local_path(path):
         # abspath: "." and "a/b/" name a folder
         return os.path.basename(os.path.abspath(os.path.expanduser(path)))
     return path

@@ -18,8 +18,10 @@ import hashlib
 import json
 import os
 import tempfile
+import weakref
 
 from .errors import UsageError, first_line
+from .storage import is_local_path
 
 # --- train_unigram.py -> the tokenizer folder
 # train_unigram.py writes it last: a folder holding it holds a whole tokenizer
@@ -38,9 +40,18 @@ MANIFEST_KEYS = ("max_length", "records", "vocab_size", "shards")
 def vocabulary_fingerprint(tokenizer):
     """A short hash of what every id means (the vocabulary, added tokens included): shards and a
     tokenizer with the same fingerprint agree on every id, whatever folder or Hub id each came
-    from. The manifest records the shards' ("vocabulary"); run_mlm.py checks its tokenizer's."""
-    pieces = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    return hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()[:16]
+    from. The manifest records the shards' ("vocabulary"); run_mlm.py checks its tokenizer's. Kept
+    for each tokenizer object while its size stays, as a large vocabulary takes a while to hash."""
+    size, fingerprint = _fingerprints.get(tokenizer, (None, None))
+    if size != len(tokenizer):
+        pieces = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+        fingerprint = hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()
+        size, fingerprint = len(tokenizer), fingerprint[:16]
+        _fingerprints[tokenizer] = size, fingerprint
+    return fingerprint
+
+
+_fingerprints = weakref.WeakKeyDictionary()  # tokenizer -> (its size, its fingerprint)
 
 
 def split_dir(output_dir, split):
@@ -70,7 +81,21 @@ TENSORBOARD_DIR = "logs"  # `tensorboard --logdir <output_dir>/logs`
 CURVES_NAME = "training_curves.png"
 MODEL_CARD_NAME = "README.md"
 PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transformers 5 loads
+
+# --- a published model's weights, as transformers names them (run_mlm.py writes the first and, in
+# PYTORCH_DIR, the third); a folder may hold any of them, preferred in this order
+TF_WEIGHTS_NAME = "tf_model.h5"
+TF_WEIGHTS_INDEX_NAME = "tf_model.h5.index.json"  # a TF checkpoint cut into several files
 PYTORCH_WEIGHTS_NAME = "model.safetensors"
+PYTORCH_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # PyTorch's pickled weights: read only through torch
+WEIGHTS_NAMES = (
+    TF_WEIGHTS_NAME,
+    TF_WEIGHTS_INDEX_NAME,
+    PYTORCH_WEIGHTS_NAME,
+    PYTORCH_WEIGHTS_INDEX_NAME,
+    TORCH_WEIGHTS_NAME,
+)
 # TF models whose embeddings assume the pad token is id 1 (their padding_idx is hard-coded).
 FIXED_PADDING_INDEX_MODELS = (
     "roberta",
@@ -105,7 +130,7 @@ def load_tokenizer(
                 f"{flag} {name_or_path} holds no {' or '.join(TOKENIZER_FILES)}, so it is not a "
                 f"tokenizer folder; {hint}."
             )
-    elif os.path.exists(name_or_path) or name_or_path.startswith((".", "/")):
+    elif is_local_path(name_or_path):
         raise UsageError(f"{flag} {name_or_path} is not a tokenizer folder; {hint}.")
     from transformers import AutoTokenizer  # only now: a wrong path is answered without loading it
 

@@ -12,6 +12,13 @@ import os
 from .contract import MODEL_CARD_NAME
 from .errors import UsageError, first_line
 
+# Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's
+# default). A base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a
+# cloud VM; a large model on a slow link may take tens of minutes, and cutting a healthy upload
+# costs a push by hand. An hour still bounds what a stuck upload costs: the accelerator stays
+# reserved, idle, for as long as the run waits.
+FINAL_PUSH_TIMEOUT = 3600
+
 
 def check_hub_flags(hub_model_id, hub_private, example):
     """--hub_model_id (checked offline, as check_hub_model_id does) and --hub_private with it."""

@@ -12,15 +12,8 @@ import time
 
 from .contract import CURVES_NAME, MODEL_CARD_NAME
 from .errors import UsageError
-from .hub import hub_error_text, open_repository
+from .hub import FINAL_PUSH_TIMEOUT, hub_error_text, open_repository
 from .storage import is_remote
-
-# Seconds run_mlm.py waits, at most, for the uploads of its final push (--hub_push_timeout's
-# default). A base-size model with its PyTorch copy is about 1 GB, a few minutes' upload from a
-# cloud VM; a large model on a slow link may take tens of minutes, and cutting a healthy upload
-# costs a push by hand. An hour still bounds what a stuck upload costs: the accelerator stays
-# reserved, idle, for as long as the run waits.
-FINAL_PUSH_TIMEOUT = 3600
 
 
 class HubPusher:
@@ -31,9 +24,8 @@ class HubPusher:
     `save_model(folder, masked_lm)` writes the model files (run_mlm.py's save_model: the model, its
     tokenizer, the PyTorch copy), and `card(trainer, metrics)` the model card's text (`trainer`:
     run_mlm.py's Keras trainer, its model in `trainer.masked_lm`). The repository is created, or
-    found, when the pusher is made, so a wrong id or a missing login stops the run before anything
-    is built or
-    written.
+    found, when the pusher is made, so a wrong id or a missing login stops the run before the
+    output folder is touched or any step trained.
 
     During training, push_in_background() writes a snapshot to a local staging folder on the
     training thread (the weights must be read between steps) and uploads it from a worker thread

@@ -1,11 +1,12 @@
-"""The pretrained model a run starts from, run_mlm.py's (continued pretraining) and
-run_classifier.py's (fine-tuning): a run_mlm.py output folder (local or gs://), a folder laid out as
-on the Hub, or a Hub id, checked before any data is read or any model built, and its weights loaded.
+"""The published model a run starts from: run_classifier.py's to fine-tune (`PretrainedModel`), and
+run_mlm.py's to pretrain further (`Parent`, with every rule of continued pretraining). A run_mlm.py
+output folder (local or gs://), a folder laid out as on the Hub, or a Hub id, checked with its
+tokenizer before any data is read or any model built, and its weights loaded.
 
 A finished run_mlm.py folder holds config.json (written last), tf_model.h5 and the tokenizer. A
 folder without config.json is no model (a run still training has none yet); one whose tokenizer
-has more tokens than the model's vocabulary, or no padding token, does not go with it; a
-`--max_length` longer than the model's position embeddings cannot be fed to it. Each is one line.
+has more tokens than the model's vocabulary, or no padding token, does not go with it; a sequence
+longer than the model's position embeddings cannot be fed to it. Each is one line.
 
 The weights: TF's own (tf_model.h5) when the model has them, else PyTorch safetensors read without
 torch (pytorch_weights.py), else a pytorch_model.bin through torch, if it is installed.
@@ -15,31 +16,36 @@ import importlib.util
 import os
 import tempfile
 
-from . import contract, pytorch_weights
-from .contract import FINISHED_RUN_MARKER, FIXED_PADDING_INDEX_MODELS, TOKENIZER_FILES
-from .errors import UsageError, first_line
-from .storage import is_remote
-
-TF_WEIGHTS_NAME = "tf_model.h5"
-TF_WEIGHTS_INDEX_NAME = "tf_model.h5.index.json"
-TORCH_WEIGHTS_NAME = "pytorch_model.bin"
-# What a folder may hold its weights in, in the order they are preferred.
-WEIGHTS_NAMES = (
-    TF_WEIGHTS_NAME,
+from . import architecture, contract, pytorch_weights
+from .contract import (
+    CHECKPOINT_DIR,
+    FINISHED_RUN_MARKER,
+    FIXED_PADDING_INDEX_MODELS,
+    PYTORCH_WEIGHTS_INDEX_NAME,
+    PYTORCH_WEIGHTS_NAME,
     TF_WEIGHTS_INDEX_NAME,
-    pytorch_weights.SAFETENSORS_NAME,
-    pytorch_weights.SAFETENSORS_INDEX_NAME,
+    TF_WEIGHTS_NAME,
+    TOKENIZER_FILES,
     TORCH_WEIGHTS_NAME,
+    WEIGHTS_NAMES,
 )
+from .errors import UsageError, first_line
+from .storage import is_local_path, is_remote
+
 FLAG = "--model_name_or_path"
-HINT = "pass the --output_dir of a finished run_mlm.py run, or a Hub id"
 
 
 class PretrainedModel:
-    """`name` as given; `source`, what transformers loads (a gs:// folder is copied to a local
-    temporary folder first, removed when this object goes); `hub_id`, `name` when it is a Hub id
-    (None for a folder); `config` and `tokenizer`; `positions`, the longest sequence the model's
-    position embeddings take."""
+    """run_classifier.py --model_name_or_path `name`: `source`, what transformers loads (a gs://
+    folder is copied to a local temporary folder first, removed when this object goes); `hub_id`,
+    `name` when it is a Hub id (None for a folder); `config` and `tokenizer`; `positions`, the
+    longest sequence the model's position embeddings take. `weights` False: its architecture alone
+    is used, so a folder need not hold weights."""
+
+    # what to do instead, for the model given: a Hub id, or a folder
+    HINT_HUB = "pass another Hub id, or the --output_dir of a finished run_mlm.py run"
+    HINT_FOLDER = "pass the --output_dir of a finished run_mlm.py run, or a Hub id"
+    NO_WEIGHTS_HINT = "or pass --from_scratch to train its architecture from random weights"
 
     def __init__(self, name, weights=True, trust_remote_code=False):
         self.name, self.source, self.hub_id = name, name, None
@@ -48,18 +54,66 @@ class PretrainedModel:
             contract.copy_folder_files(name, self.local_copy.name)
             self.source = self.local_copy.name
         if os.path.isdir(self.source):
-            check_model_folder(self.source, name, weights)
-        elif os.path.exists(self.source) or self.source.startswith((".", "/", "~")):
-            raise UsageError(f"{FLAG} {name} is not a model folder; {HINT}.")
+            self.check_folder(weights)
+        elif is_local_path(self.source):
+            raise UsageError(f"{FLAG} {name} is not a model folder; {self.HINT_FOLDER}.")
         else:
             self.hub_id = name
-        self.config = load_config(self.source, name, trust_remote_code)
+        self.hint = self.HINT_HUB if self.hub_id else self.HINT_FOLDER
+        self.config = self.load_config(trust_remote_code)
         self.tokenizer = contract.load_tokenizer(self.source, FLAG, trust_remote_code)
-        check_tokenizer(self.tokenizer, self.config, name)
+        self.check_tokenizer()
         self.positions = self.config.max_position_embeddings
         if self.config.model_type in FIXED_PADDING_INDEX_MODELS:
             # RoBERTa numbers positions from pad_token_id + 1: those first rows are never used.
             self.positions -= self.config.pad_token_id + 1
+
+    def check_folder(self, weights):
+        files = set(os.listdir(self.source))
+        if FINISHED_RUN_MARKER not in files:
+            unfinished = ""
+            if CHECKPOINT_DIR in files:
+                unfinished = " (run_mlm.py writes it last: is that run still training?)"
+            raise UsageError(
+                f"{FLAG} {self.name} holds no {FINISHED_RUN_MARKER}, so it is not a model "
+                f"folder{unfinished}; {self.HINT_FOLDER}."
+            )
+        if weights and not files & set(WEIGHTS_NAMES):
+            raise UsageError(
+                f"{FLAG} {self.name} holds {FINISHED_RUN_MARKER} but no weights "
+                f"({', '.join(WEIGHTS_NAMES)}); {self.HINT_FOLDER}, {self.NO_WEIGHTS_HINT}."
+            )
+        if not files & set(TOKENIZER_FILES):
+            raise UsageError(
+                f"{FLAG} {self.name} holds a model but no tokenizer "
+                f"({' or '.join(TOKENIZER_FILES)}); {self.HINT_FOLDER} (run_mlm.py saves the "
+                "tokenizer beside the model)."
+            )
+
+    def load_config(self, trust_remote_code):
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(self.source, trust_remote_code=trust_remote_code)
+        except Exception as error:  # transformers raises many kinds for what it cannot read
+            raise UsageError(
+                f"could not load the model config of {FLAG} {self.name}: {first_line(error)[:300]}"
+            ) from None
+
+    def check_tokenizer(self):
+        """The tokenizer's ids must all have an embedding, and padding needs a padding token."""
+        tokenizer, vocab_size = self.tokenizer, self.config.vocab_size
+        if len(tokenizer) > vocab_size:
+            raise UsageError(
+                f"the tokenizer in {FLAG} {self.name} has {len(tokenizer):,} tokens but the "
+                f"model's vocabulary (vocab_size in {FINISHED_RUN_MARKER}) {vocab_size:,}, so they "
+                f"do not belong together; {self.hint}."
+            )
+        if tokenizer.pad_token_id is None:
+            raise UsageError(
+                f"the tokenizer in {FLAG} {self.name} has no padding token, which fixed-length "
+                f"batches need; {self.hint}."
+            )
 
     def check_max_length(self, max_length, default):
         """The sequence length to pad and cut to: `max_length`; when None, `default`, or less if the
@@ -75,91 +129,74 @@ class PretrainedModel:
         return max_length
 
 
-def check_model_folder(folder, name, weights):
-    files = set(os.listdir(folder))
-    if FINISHED_RUN_MARKER not in files:
-        unfinished = ""
-        if contract.CHECKPOINT_DIR in files:
-            unfinished = " (run_mlm.py writes it last: is that run still training?)"
-        raise UsageError(
-            f"{FLAG} {name} holds no {FINISHED_RUN_MARKER}, so it is not a model "
-            f"folder{unfinished}; {HINT}."
-        )
-    if weights and not files & set(WEIGHTS_NAMES):
-        raise UsageError(
-            f"{FLAG} {name} holds {FINISHED_RUN_MARKER} but no weights "
-            f"({', '.join(WEIGHTS_NAMES)}); {HINT}, or pass --from_scratch to train its "
-            "architecture from random weights."
-        )
-    if not files & set(TOKENIZER_FILES):
-        raise UsageError(
-            f"{FLAG} {name} holds a model but no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
-            f"{HINT} (run_mlm.py saves the tokenizer beside the model)."
-        )
+class Parent(PretrainedModel):
+    """run_mlm.py --model_name_or_path `name`: the masked LM continued pretraining starts from, with
+    every rule of it, each refused in one line before the output folder is touched.
 
+    `config`: the parent's own, as it is but for its dropout (`config_overrides` may change nothing
+    else: any other key would reshape its weights or change what they mean, and is refused before
+    the parent is even looked up). It must be a masked LM TF can build; `check_continuation()` then
+    checks the tokenizer and shards a run pairs with it, and `load_masked_lm()` loads every weight,
+    the LM head's included."""
 
-def load_config(source, name, trust_remote_code):
-    from transformers import AutoConfig
+    NO_WEIGHTS_HINT = (
+        f"or leave out {FLAG} and pass it as --pretrained_model_config to train its architecture "
+        "from random weights"
+    )
 
-    try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as error:  # transformers raises many kinds for what it cannot read
-        raise UsageError(
-            f"could not load the model config of {FLAG} {name}: {first_line(error)[:300]}"
-        ) from None
+    def __init__(self, name, config_overrides=None, trust_remote_code=False):
+        reshaping = [
+            key for key, _ in architecture.overrides_items(config_overrides) if "dropout" not in key
+        ]
+        if reshaping:
+            raise UsageError(
+                f"--config_overrides {config_overrides} would change {', '.join(reshaping)} of the "
+                f"model {FLAG} {name}, whose weights continued pretraining starts from; only "
+                "dropout may change (e.g. hidden_dropout_prob=0), or leave out "
+                f"{FLAG} to pretrain another shape from random weights."
+            )
+        super().__init__(name, weights=True, trust_remote_code=trust_remote_code)
+        from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+        model_type = self.config.model_type
+        if model_type not in TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+            raise UsageError(
+                f"{FLAG} {name} is a {model_type} model, which has no TF masked-LM class in "
+                "transformers, so it cannot be pretrained further here; pass a masked LM (e.g. "
+                f"{', '.join(sorted(TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES)[:8])}, ...)."
+            )
+        architecture.apply_overrides(self.config, config_overrides)
+        self.config._name_or_path = name  # as given: what run_settings.json records
 
-def check_tokenizer(tokenizer, config, name):
-    """The tokenizer's ids must all have an embedding, and padding needs a padding token."""
-    if len(tokenizer) > config.vocab_size:
-        raise UsageError(
-            f"the tokenizer in {FLAG} {name} has {len(tokenizer):,} tokens but the model's "
-            f"vocabulary (vocab_size in {FINISHED_RUN_MARKER}) {config.vocab_size:,}, so they do "
-            "not belong together; pass a folder run_mlm.py wrote, which holds the tokenizer it "
-            "trained with."
-        )
-    if tokenizer.pad_token_id is None:
-        raise UsageError(
-            f"the tokenizer in {FLAG} {name} has no padding token, which fixed-length batches "
-            "need; use a tokenizer from train_unigram.py."
-        )
+    def check_continuation(self, tokenizer, tokenizer_flag, max_length):
+        """The tokenizer of the shards (`tokenizer_flag` names where it came from: --tokenizer, or
+        this model's own) must mean by every id what the parent's does, since its embeddings are
+        rows of its own, and have a mask token; the shards' `max_length` tokens must fit in the
+        parent's positions."""
+        fingerprint = contract.vocabulary_fingerprint
+        if fingerprint(tokenizer) != fingerprint(self.tokenizer):
+            raise UsageError(
+                f"{tokenizer_flag} has a vocabulary other than that of {FLAG} {self.name}, whose "
+                "embeddings are rows of its own; leave out --tokenizer to use the model's, and "
+                "make the shards with it (prepare_tfrecord_shards.py --tokenizer_name_or_path "
+                f"{self.name})."
+            )
+        if tokenizer.mask_token_id is None:
+            raise UsageError(
+                f"the tokenizer of {FLAG} {self.name} has no mask token, so it is no masked LM's; "
+                "pass a masked LM."
+            )
+        if max_length > self.positions:
+            raise UsageError(
+                f"the shards hold sequences of {max_length} tokens, more than the "
+                f"{self.positions} positions of {FLAG} {self.name}; remake them with "
+                f"prepare_tfrecord_shards.py --max_length {self.positions} or less."
+            )
 
-
-def check_continuation(parent, tokenizer, max_length):
-    """run_mlm.py --model_name_or_path: the parent must be a masked LM TF can build, its tokenizer
-    the shards' (a --tokenizer with another vocabulary would give its rows other meanings), and its
-    positions must hold the shards' `max_length` tokens. Each refusal is one line, before the
-    weights are loaded."""
-    from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    model_type = parent.config.model_type
-    if model_type not in TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        raise UsageError(
-            f"{FLAG} {parent.name} is a {model_type} model, which has no TF masked-LM class in "
-            "transformers, so it cannot be pretrained further here; pass a masked LM (e.g. "
-            f"{', '.join(sorted(TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES)[:8])}, ...)."
-        )
-    given = tokenizer is not parent.tokenizer  # --tokenizer named one
-    if given and contract.vocabulary_fingerprint(tokenizer) != contract.vocabulary_fingerprint(
-        parent.tokenizer
-    ):
-        raise UsageError(
-            f"--tokenizer has a vocabulary other than that of {FLAG} {parent.name}, whose "
-            "embeddings are rows of its own; leave out --tokenizer to use the model's, and make "
-            "the shards with it (prepare_tfrecord_shards.py --tokenizer_name_or_path "
-            f"{parent.name})."
-        )
-    if tokenizer.mask_token_id is None:
-        raise UsageError(
-            f"the tokenizer of {FLAG} {parent.name} has no mask token, so it is no masked LM's; "
-            "pass a masked LM."
-        )
-    if max_length > parent.positions:
-        raise UsageError(
-            f"the shards hold sequences of {max_length} tokens, more than the {parent.positions} "
-            f"positions of {FLAG} {parent.name}; remake them with prepare_tfrecord_shards.py "
-            f"--max_length {parent.positions} or less."
-        )
+    def load_masked_lm(self, model_class):
+        """The parent as a `model_class` (TFAutoModelForMaskedLM), every weight its own: one it
+        lacks (a base model's, or a head published apart) would start random, so it is refused."""
+        return load_weights(model_class, self, self.config, whole=True)
 
 
 def load_weights(model_class, pretrained, config, whole=False):
@@ -228,10 +265,10 @@ def weights_files(pretrained):
 
     if path(TF_WEIGHTS_NAME) or path(TF_WEIGHTS_INDEX_NAME):
         return "tf", None
-    safetensors = path(pytorch_weights.SAFETENSORS_NAME)
+    safetensors = path(PYTORCH_WEIGHTS_NAME)
     if safetensors:
         return "pytorch", [safetensors]
-    index = path(pytorch_weights.SAFETENSORS_INDEX_NAME)
+    index = path(PYTORCH_WEIGHTS_INDEX_NAME)
     if index:
         return "pytorch", [path(name) for name in pytorch_weights.index_shards(index)]
     if path(TORCH_WEIGHTS_NAME):
@@ -243,5 +280,5 @@ def weights_files(pretrained):
             "a model with model.safetensors or tf_model.h5."
         )
     raise UsageError(
-        f"{FLAG} {pretrained.name} has no weights ({', '.join(WEIGHTS_NAMES)}); {HINT}."
+        f"{FLAG} {pretrained.name} has no weights ({', '.join(WEIGHTS_NAMES)}); {pretrained.hint}."
     )

@@ -4,31 +4,19 @@ transformers 5 has no TF models, so run_mlm.py also writes its model with PyTorc
 layouts, as model.safetensors beside the config and tokenizer, without needing torch.
 `check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
 untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
-run_mlm.py's build_config and asserted again when the copy is written.
+architecture.fit_to_tokenizer and asserted again when the copy is written.
 """
 
 import os
 
-from .contract import FIXED_PADDING_INDEX_MODELS, PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
+from .architecture import check_padding_index
+from .contract import PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
 from .errors import UsageError
 
 # The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
 # and checks against the TF model. The name mapping is generic, but a type joins this list
 # only once that test covers it.
 PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
-
-
-def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
-    """TF RoBERTa (and its kin) numbers positions from a padding index fixed at 1, PyTorch RoBERTa
-    from pad_token_id: with another pad id every position would shift between the two frameworks."""
-    if model_type in FIXED_PADDING_INDEX_MODELS and pad_token_id != 1:
-        token = f"pad token {pad_token!r}" if pad_token is not None else "pad token"
-        remedy = remedy or "retrain the tokenizer with train_unigram.py, which puts <pad> at id 1"
-        raise UsageError(
-            f"the tokenizer's {token} has id {pad_token_id}, but transformers' TF {model_type} "
-            "numbers positions from a padding index fixed at 1 (its PyTorch twin uses "
-            f"pad_token_id), so the model would differ between frameworks; {remedy}."
-        )
 
 
 def check_pytorch_export(config):

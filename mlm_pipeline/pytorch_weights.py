@@ -15,9 +15,6 @@ import json
 
 from .errors import UsageError, first_line
 
-SAFETENSORS_NAME = "model.safetensors"
-SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"  # a checkpoint cut into several files
-
 # Older checkpoints (BERT's among them) name a layer norm's scale and shift gamma and beta.
 LEGACY_NAMES = {".weight": ".gamma", ".bias": ".beta"}
 

@@ -155,29 +155,22 @@ def find_corrupt_shard(files):
     return None
 
 
-def read_training_manifests(
-    train_dataset, eval_dataset, tokenizer, tokenizer_name, max_length=None
-):
+def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_name, tokenizer_flag):
     """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked
-    before anything expensive happens: each agrees with --max_length (when given) and the tokenizer,
-    the two agree with each other, and every shard is whole."""
+    before anything expensive happens: each agrees with the tokenizer `tokenizer_name` (which
+    `tokenizer_flag` names as the user gave it: "--tokenizer NAME", or "the tokenizer of
+    --model_name_or_path NAME"), the two agree with each other, and every shard is whole."""
     manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
     if eval_dataset:
         manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
     fingerprint = vocabulary_fingerprint(tokenizer)
     for flag, manifest in manifests.items():
-        check_vocabulary(manifest, flag, fingerprint, tokenizer_name)
-        if max_length is not None and manifest["max_length"] != max_length:
-            raise UsageError(
-                f"--max_length {max_length} differs from the {manifest['max_length']} of the "
-                f"shards in {flag}; pass --max_length {manifest['max_length']} or rewrite the "
-                "shards."
-            )
+        check_vocabulary(manifest, flag, fingerprint, tokenizer_name, tokenizer_flag)
         if manifest["vocab_size"] != len(tokenizer):
             raise UsageError(
                 f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
-                f"tokens, but --tokenizer {tokenizer_name} has {len(tokenizer)}; pass the "
-                "tokenizer the shards were made with."
+                f"tokens, but {tokenizer_flag} has {len(tokenizer)}; pass the tokenizer the "
+                "shards were made with."
             )
     train, evaluation = manifests["--train_dataset"], manifests.get("--eval_dataset")
     if evaluation is not None and evaluation["max_length"] != train["max_length"]:
@@ -190,7 +183,7 @@ def read_training_manifests(
     return train, evaluation
 
 
-def check_vocabulary(manifest, flag, fingerprint, tokenizer_name):
+def check_vocabulary(manifest, flag, fingerprint, tokenizer_name, tokenizer_flag):
     """Shards whose ids mean other tokens than the tokenizer's (made with another tokenizer of the
     same size, say bert-base-uncased's for roberta-base) are refused with the command that remakes
     them. `fingerprint`: the tokenizer's (contract.vocabulary_fingerprint). Manifests from before
@@ -202,7 +195,7 @@ def check_vocabulary(manifest, flag, fingerprint, tokenizer_name):
     split, source = manifest.get("split", "train"), manifest.get("source") or "YOUR_TEXT"
     raise UsageError(
         f"the shards in {flag} were made with the tokenizer {manifest.get('tokenizer')!r}, whose "
-        f"vocabulary is not that of --tokenizer {tokenizer_name}, so their ids would mean other "
+        f"vocabulary is not that of {tokenizer_flag}, so their ids would mean other "
         f"tokens; remake them with it: python prepare_tfrecord_shards.py --{split}_file "
         f"'{source}' --split {split} --tokenizer_name_or_path {tokenizer_name} --max_length "
         f"{manifest['max_length']} --output_dir {folder} --overwrite_output_dir"

@@ -29,6 +29,13 @@ def is_remote(path):
     return "://" in path
 
 
+def is_local_path(name):
+    """Whether `name`, given where a folder or a Hub id may go, means a path on this machine: a Hub
+    id (namespace/name) and a relative folder look alike, so the one that exists here, or that
+    starts with /, ~ or ., is taken as local; anything else is a Hub id (or a gs:// path)."""
+    return not is_remote(name) and (os.path.exists(name) or name.startswith((".", "/", "~")))
+
+
 def temporary_path(path):
     """The hidden file beside `path` that it is written as before a rename puts it in place."""
     folder, name = path.rsplit("/", 1) if "/" in path else (".", path)

@@ -6,61 +6,56 @@ train in lockstep and keep their hands off the output folder. run_mlm.py saves t
 (`save_pretrained`), between `fit()` and `TrainingRun.finish()`.
 """
 
+import dataclasses
 import functools
 import time
 
-from . import (
-    checkpoints,
-    hosts,
-    hub_pusher,
-    model_card,
-    output_folder,
-    segments,
-    training_logs,
-)
+from . import checkpoints, hosts, model_card, segments, training_logs
 
 
 class TrainingRun:
-    """Made before the model. The Hub repository is opened first (an unusable Hub stops the run
-    now), then the chief starts the output folder afresh or checks that its checkpoints belong to
-    this run (output_folder.resume_settings()), and every worker waits for it.
+    """Made once the model is built (a parent that cannot be loaded is refused before the output
+    folder is touched). The Hub repository is opened first (an unusable Hub stops the run now),
+    then the chief starts the output folder afresh or checks that its checkpoints belong to this
+    run (checkpoints.resume_settings()), and every worker waits for it.
 
-    `recipe`: the settings that shape the batches and the optimizer (a resumed run must have the
-    same); the model card also shows `card_settings` and `paths`. `save_model(folder,
-    masked_lm)` writes the model files of a Hub snapshot; `hub_model_id` None: no pushes.
-    `steps_per_evaluation`: the steps of a fit() epoch, which ends with the evaluation
-    (--eval_steps; None: an epoch of the data); `phase_end`: the sequence-length warmup's last
-    step; `evaluation`: the line that says what each evaluation scores (None: no evaluation split).
-    The three are for the lines that open the run.
+    The settings come in run_mlm.py's groups, recorded from the groups themselves: `recipe`, the
+    groups a resumed run must share (the masking and the optimizer: they shape the batches and the
+    updates), with `paths["model_name_or_path"]`; the model card also shows `speed` and `paths`.
+    `steps` says when to evaluate (eval_steps; None: an epoch of the data), checkpoint and log;
+    `output`, where the model goes and whether to push it to the Hub. `save_model(folder,
+    masked_lm)` writes the model files of a Hub snapshot. `phase_end`: the sequence-length warmup's
+    last step; `evaluation`: the line that says what each evaluation scores (None: no evaluation
+    split).
     """
 
     def __init__(
         self,
         strategy,
+        plan,
         config,
         tokenizer,
         manifests,
-        plan,
         total_steps,
-        save_model,
+        *,
         recipe,
-        card_settings,
+        speed,
+        steps,
+        output,
         paths,
-        output_dir,
-        overwrite_output_dir=False,
-        hub_model_id=None,
-        hub_private=False,
-        hub_push_timeout=hub_pusher.FINAL_PUSH_TIMEOUT,
-        steps_per_evaluation=None,
+        save_model,
         phase_end=0,
         evaluation=None,
     ):
-        self.strategy, self.plan, self.output_dir = strategy, plan, output_dir
-        self.total_steps = total_steps
-        self.steps_per_evaluation = steps_per_evaluation or plan.steps_per_epoch
+        self.strategy, self.plan, self.steps = strategy, plan, steps
+        self.output_dir, self.total_steps = output.output_dir, total_steps
+        self.steps_per_evaluation = steps.eval_steps or plan.steps_per_epoch
         self.phase_end, self.evaluation = phase_end, evaluation
         self.max_length = manifests[0]["max_length"]
         self.tokens_per_step = plan.global_batch_size * self.max_length
+        settings = {"model_name_or_path": paths["model_name_or_path"]}
+        for group in recipe:
+            settings.update(dataclasses.asdict(group))
         # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         self.card = functools.partial(
             model_card.model_card,
@@ -70,30 +65,41 @@ class TrainingRun:
             plan.global_batch_size,
             (total_steps, plan.steps_per_epoch),
             paths=paths,
-            recipe={**recipe, **card_settings},
+            recipe={**settings, **dataclasses.asdict(speed)},
         )
         self.chief = hosts.is_chief(strategy)
         self.pusher = None
-        if hub_model_id and self.chief:
+        if output.hub_model_id and self.chief:
+            from . import hub_pusher  # only for --hub_model_id
+
             self.pusher = hub_pusher.HubPusher(
-                hub_model_id, hub_private, output_dir, save_model, self.card, hub_push_timeout
+                output.hub_model_id,
+                output.hub_private,
+                output.output_dir,
+                save_model,
+                self.card,
+                output.hub_push_timeout,
             )
         if self.chief:
-            settings = output_folder.resume_settings(
-                config, manifests[0], plan.global_batch_size, total_steps, recipe
+            settings = checkpoints.resume_settings(
+                config, manifests[0], plan.global_batch_size, total_steps, settings
             )
-            output_folder.prepare_output_dir(output_dir, overwrite_output_dir, settings)
+            checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, settings)
         # nobody reads the checkpoints while the chief may still be clearing them
         hosts.wait_for_every_worker(strategy)
         self.started = time.perf_counter()
 
-    def resume(self, masked_lm, optimizer, save_total_limit):
+    def resume(self, masked_lm, optimizer):
         """The optimizer step to start at: that of the newest checkpoint in the output folder, or 0.
 
         A worker that is not the chief saves its checkpoints (it may take part in collective ops)
         into a scratch folder of its own, removed at the end."""
         self.manager, self.start_step = checkpoints.restore_checkpoint(
-            self.output_dir, masked_lm, optimizer, keep=save_total_limit, chief=self.chief
+            self.output_dir,
+            masked_lm,
+            optimizer,
+            keep=self.steps.save_total_limit,
+            chief=self.chief,
         )
         replicas, batch = self.strategy.num_replicas_in_sync, self.plan.global_batch_size
         print(
@@ -135,12 +141,12 @@ class TrainingRun:
         if self.chief:
             training_logs.write_baseline(self.output_dir, logs)
 
-    def callbacks(self, save_steps, logging_steps):
+    def callbacks(self):
         """fit()'s callbacks besides the steps.
 
-        A checkpoint every `save_steps` optimizer steps and at every fit() epoch end (an epoch of
+        A checkpoint every --save_steps optimizer steps and at every fit() epoch end (an epoch of
         the data, or --eval_steps steps: where the evaluation comes); TensorBoard scalars every
-        `logging_steps` steps and after each fit() epoch. On the chief alone: each fit() epoch as a
+        --logging_steps steps and after each fit() epoch. On the chief alone: each fit() epoch as a
         row of training_log.csv, written once its checkpoint is saved, and a Hub snapshot pushed in
         the background.
         """
@@ -150,13 +156,13 @@ class TrainingRun:
             callbacks.append(self.pusher.epoch_end_callback(self.total_steps))
         callbacks.append(
             training_logs.tensorboard_callback(
-                self.output_dir, logging_steps, self.tokens_per_step, self.chief
+                self.output_dir, self.steps.logging_steps, self.tokens_per_step, self.chief
             )
         )
         training_log = training_logs.training_log_path(self.output_dir) if self.chief else None
         callbacks.append(
             checkpoints.checkpoint_callback(
-                self.manager, save_steps, training_log, self.plan.steps_per_epoch
+                self.manager, self.steps.save_steps, training_log, self.plan.steps_per_epoch
             )
         )
         return callbacks

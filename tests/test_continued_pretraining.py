@@ -170,11 +170,15 @@ def test_masking_fits_each_family(family):
         True,
         tokenizer=tokenizer,
         max_length=MAX_LENGTH,
-        mlm_probability=0.2,
-        seed=0,
-        train_mlm_probability=None,
-        shuffle_buffer_size=64,
-        whole_word_masking=True,
+        masking=run_mlm.Masking(
+            seed=0,
+            mlm_probability=0.2,
+            train_mlm_probability=None,
+            whole_word_masking=True,
+            shuffle_buffer_size=64,
+            short_sequence_length=None,
+            short_sequence_ratio=0.5,
+        ),
     )
     (features, labels) = next(iter(dataset))
     masked, positions, labels = (
@@ -262,12 +266,14 @@ def refusals(folder, shards, tokenizer_dir, project_shards):
         ),
         "another tokenizer": (
             continue_flags(parent, project_shards, "OUT", tokenizer=tokenizer_dir),
-            f"--tokenizer has a vocabulary other than that of --model_name_or_path {parent}",
+            f"--tokenizer {tokenizer_dir} has a vocabulary other than that of "
+            f"--model_name_or_path {parent}",
         ),
         "shards of another tokenizer": (
             continue_flags(parent, project_shards, "OUT"),
-            f"remake them with it: python prepare_tfrecord_shards.py --train_file '{{}}' --split "
-            f"train --tokenizer_name_or_path {parent}",
+            f"is not that of the tokenizer of --model_name_or_path {parent}, so their ids would "
+            "mean other tokens; remake them with it: python prepare_tfrecord_shards.py "
+            f"--train_file '{{}}' --split train --tokenizer_name_or_path {parent}",
         ),
         "no masked-LM head": (
             continue_flags(folder / "base", shards, "OUT"),

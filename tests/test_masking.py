@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -152,21 +153,13 @@ def test_same_seed_same_masks_and_different_seed_different_masks(batch):
 # build_dataset on the fixture shards
 
 
-def dataset_options(tokenizer, **overrides):
+def dataset_options(tokenizer, **masking):
     """build_dataset's named values as main() passes them for run_mlm.py's default flags, with a
-    shuffle buffer of 1 unless overridden."""
+    shuffle buffer of 1 unless `masking` (Masking settings by name) says otherwise."""
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
-    args = run_mlm.parse_args(argv)
-    options = dict(
-        tokenizer=tokenizer,
-        max_length=MAX_LENGTH,
-        mlm_probability=args.mlm_probability,
-        train_mlm_probability=args.train_mlm_probability,
-        whole_word_masking=args.whole_word_masking,
-        shuffle_buffer_size=1,
-        seed=args.seed,
-    )
-    return {**options, **overrides}
+    defaults = run_mlm.settings(run_mlm.Masking, run_mlm.parse_args(argv))
+    masking = dataclasses.replace(defaults, **{"shuffle_buffer_size": 1, **masking})
+    return dict(tokenizer=tokenizer, max_length=MAX_LENGTH, masking=masking)
 
 
 def originals(masked, labels):

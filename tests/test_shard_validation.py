@@ -58,7 +58,11 @@ def test_the_checks_before_training_look_each_shard_up_once(shards_dir, tokenize
     monkeypatch.setattr(tf.io.gfile, "stat", lambda path: looked_up.append(path) or stat(path))
     monkeypatch.setattr(tf.io.gfile, "exists", lambda path: looked_up.append(path) or exists(path))
     train, evaluation = shard_checks.read_training_manifests(
-        str(shards_dir / "train"), str(shards_dir / "validation"), tokenizer, "tokenizer"
+        str(shards_dir / "train"),
+        str(shards_dir / "validation"),
+        tokenizer,
+        "tok",
+        "--tokenizer tok",
     )
     shards = [*train["files"], *evaluation["files"]]
     assert len(train["files"]) > 1

@@ -1,12 +1,14 @@
-"""run_mlm.py's model architecture from its flags: a config to start from, and the changes
---config_overrides makes, each refused in one line when transformers would fail on it later; or,
-continuing a model (--model_name_or_path), that model's config, whose shape stays as it is."""
+"""run_mlm.py's architecture to train from random weights: a config to start from
+(--pretrained_model_config), the changes --config_overrides makes, each refused in one line when
+transformers would fail on it later, and the tokenizer's size and special ids. (Continuing a model,
+its config is the parent's: pretrained_model.Parent.)"""
 
 import json
 import os
 
+from .contract import FIXED_PADDING_INDEX_MODELS
 from .errors import UsageError, first_line
-from .pytorch_export import check_padding_index
+from .storage import is_local_path
 
 
 def load_config(source=None, overrides=None, trust_remote_code=False):
@@ -20,7 +22,7 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
     flag = "--pretrained_model_config"
     if source is not None and os.path.isfile(source) and not source.endswith(".json"):
         raise UsageError(f"{flag} {source} is a file but not JSON; pass a config.json.")
-    if source is not None and not os.path.exists(source) and source.startswith((".", "/")):
+    if source is not None and not os.path.exists(source) and is_local_path(source):
         raise UsageError(f"{flag} {source} does not exist; pass a config.json or a Hub id.")
     try:
         config = (
@@ -82,23 +84,14 @@ def apply_overrides(config, overrides):
         setattr(config, key, value)
 
 
-def check_continued_overrides(overrides, name):
-    """--model_name_or_path `name`: --config_overrides may change the model's dropout (continued
-    pretraining often turns it off); any other key would reshape its weights or change what they
-    mean, so it is refused."""
-    reshaping = [key for key, _ in overrides_items(overrides) if "dropout" not in key]
-    if reshaping:
+def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):
+    """TF RoBERTa (and its kin) numbers positions from a padding index fixed at 1, PyTorch RoBERTa
+    from pad_token_id: with another pad id every position would shift between the two frameworks."""
+    if model_type in FIXED_PADDING_INDEX_MODELS and pad_token_id != 1:
+        token = f"pad token {pad_token!r}" if pad_token is not None else "pad token"
+        remedy = remedy or "retrain the tokenizer with train_unigram.py, which puts <pad> at id 1"
         raise UsageError(
-            f"--config_overrides {overrides} would change {', '.join(reshaping)} of the model "
-            f"--model_name_or_path {name}, whose weights continued pretraining starts from; only "
-            "dropout may change (e.g. hidden_dropout_prob=0), or leave out --model_name_or_path "
-            "to pretrain another shape from random weights."
+            f"the tokenizer's {token} has id {pad_token_id}, but transformers' TF {model_type} "
+            "numbers positions from a padding index fixed at 1 (its PyTorch twin uses "
+            f"pad_token_id), so the model would differ between frameworks; {remedy}."
         )
-
-
-def continued_config(config, overrides, name):
-    """--model_name_or_path: the config of the model `name` as it is, but for its dropout."""
-    check_continued_overrides(overrides, name)
-    apply_overrides(config, overrides)
-    config._name_or_path = name  # as given: what run_settings.json records, not a local copy
-    return config
