@@ -585,9 +585,9 @@ def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True)
     else:
         config = parent.config
     if pytorch_export:
-        from mlm_pipeline import pytorch_export as export  # only for the PyTorch copy
+        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
 
-        export.check_pytorch_export(config)
+        pytorch_weights.check_pytorch_export(config)
     return config
 
 
@@ -834,13 +834,13 @@ def fit_exact_steps(
 
 def save_model(folder, masked_lm, tokenizer, pytorch_export=True):
     """A model folder: config.json and tf_model.h5, the tokenizer, and the pytorch/ copy that
-    transformers 5 loads (pytorch_export.py). The Hub snapshots are written by this too."""
+    transformers 5 loads (pytorch_weights.py). The Hub snapshots are written by this too."""
     masked_lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     if pytorch_export:
-        from mlm_pipeline import pytorch_export as export  # only for the PyTorch copy
+        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
 
-        export.write_pytorch_copy(masked_lm, tokenizer, folder)
+        pytorch_weights.write_pytorch_copy(masked_lm, tokenizer, folder)
 
 
 def check_args(args):

@@ -43,10 +43,9 @@ against the imports.
     pretrained_model       3 4  the published model a run starts from: to fine-tune, or the
                                 parent of continued pretraining with all its rules; a folder or
                                 Hub id, checked with its tokenizer, its weights loaded
-    pytorch_weights        3 4  a model published with PyTorch safetensors only, read into TF
-                                without torch
-    pytorch_export         3    the PyTorch copy of a TF masked LM, written without torch, for
-                                transformers 5
+    pytorch_weights        3 4  a TF model's weights in PyTorch transformers' names, both ways,
+                                without torch: a model published with safetensors read, the
+                                PyTorch copy that transformers 5 loads written
     shard_checks           3    the shards run_mlm.py is given, checked before any work: manifests,
                                 sizes, first records; a corrupt one named during training
     architecture           3 4  the architecture to train from random weights: a config from

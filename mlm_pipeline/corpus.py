@@ -229,12 +229,13 @@ def open_binary(path):
 
 
 def file_rows(path, text_column="text", open_raw=open_binary, skip=0):
-    """The text of each row of a corpus file, local or gs:// (None where a row has none), in order
-    from row `skip` on: plain text line by line (blank lines are rows too), JSON lines one object a
-    line (blank lines are not rows), CSV a record a row, Parquet row by row, `text_column` of each.
-    Compressed files are decompressed as they are read. `open_raw(path)` opens the file's stored
-    bytes: `open_binary` in one process, Beam's file systems on its workers. Parquet skips whole row
-    groups without reading them; the other formats read the rows they skip."""
+    """The text of each row of a corpus file, local or gs:// (None where a row has none), in order:
+    plain text line by line (blank lines are rows too), JSON lines one object a line (blank lines
+    are not rows), CSV a record a row, Parquet row by row, `text_column` of each. Compressed files
+    are decompressed as they are read. `open_raw(path)` opens the file's stored bytes: `open_binary`
+    in one process, Beam's file systems on its workers. A Parquet file may start at row `skip`
+    (Beam's block of it), skipping whole row groups without reading them; Beam reads the other
+    formats by byte range or from staged blocks, so they always start at the first row."""
     kind = file_format(path)
     with errors_named(path), open_raw(path) as raw:
         if kind == "parquet":
@@ -244,7 +245,7 @@ def file_rows(path, text_column="text", open_raw=open_binary, skip=0):
             decompressed(raw, path) as file,
             closing(ROW_READERS[kind](file, path, text_column)) as rows,
         ):
-            yield from itertools.islice(rows, skip, None) if skip else rows
+            yield from rows
 
 
 @contextmanager

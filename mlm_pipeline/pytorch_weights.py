@@ -1,18 +1,26 @@
-"""A model published with PyTorch weights only (model.safetensors), read into a transformers TF
-model without torch: the other direction of pytorch_export.py.
+"""A TF model's weights in PyTorch transformers' names and layouts, both ways, without torch: read
+from a model published with PyTorch safetensors only, and written as run_mlm.py's PyTorch copy,
+<output_dir>/pytorch, a folder transformers 5 loads as it is.
 
 Most models on the Hub today carry PyTorch safetensors, many no TF weights at all. transformers
 4.57's TF loader would read such a file through its PyTorch bridge, which fails on safetensors
 (its bug, not to be fixed: transformers 5 drops TF), and a `pytorch_model.bin` needs torch itself.
-Here each TF weight is named as PyTorch names it, by the mapping transformers' own converters use
-(`convert_tf_weight_name_to_pt_weight_name`, as pytorch_export.py writes the copy), looked up in
-the safetensors file(s) as numpy arrays, transposed where Keras stores a Dense kernel (in, out)
-and torch a Linear weight (out, in), and assigned.
+transformers 5 has no TF models, so run_mlm.py also writes its model as model.safetensors beside
+the config and tokenizer. Both directions name each TF weight as PyTorch names it, by the mapping
+transformers' own converters use (`convert_tf_weight_name_to_pt_weight_name`), transposed where
+Keras stores a Dense kernel (in, out) and torch a Linear weight (out, in).
+
+`check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
+untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
+architecture.fit_to_tokenizer and asserted again when the copy is written.
 """
 
 import contextlib
 import json
+import os
 
+from .architecture import check_padding_index
+from .contract import PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
 from .errors import UsageError, first_line
 
 # Older checkpoints (BERT's among them) name a layer norm's scale and shift gamma and beta.
@@ -82,3 +90,89 @@ def stored_names(pt_name):
         if "LayerNorm" in pt_name and pt_name.endswith(suffix):
             names.append(pt_name[: -len(suffix)] + legacy)
     return names
+
+
+# --- written: run_mlm.py's PyTorch copy
+
+# The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
+# and checks against the TF model. The name mapping is generic, but a type joins this list
+# only once that test covers it.
+PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
+
+
+def check_pytorch_export(config):
+    """Refuse before training a config whose PyTorch copy would be unverified or a different
+    model."""
+    if config.model_type not in PYTORCH_EXPORT_MODEL_TYPES:
+        raise UsageError(
+            f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for "
+            f"{', '.join(PYTORCH_EXPORT_MODEL_TYPES)} models only, not {config.model_type}; pass "
+            "--no_pytorch_export to save the TF weights alone."
+        )
+    # a published RoBERTa whose pad id is not 1 (run_mlm.py's own configs were checked already)
+    check_padding_index(config.model_type, config.pad_token_id, remedy="pass --no_pytorch_export")
+    if not config.tie_word_embeddings:
+        raise UsageError(
+            "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share "
+            "the word embeddings with the LM head whatever it says, and a PyTorch model built "
+            "from that config would not; drop it from the config, or pass --no_pytorch_export."
+        )
+
+
+def pytorch_state_dict(masked_lm):
+    """The TF masked LM's weights under PyTorch transformers' names and layouts, as numpy arrays.
+
+    transformers' own TF-to-PyTorch mapping (the one behind from_pretrained(..., from_tf=True))
+    names each TF variable and says whether it is stored transposed: a Keras Dense kernel is (in,
+    out), a torch Linear weight (out, in). Tied weights are written once, as PyTorch's
+    save_pretrained writes them: the TF LM head reuses the word embeddings, and PyTorch ties its
+    decoder to them (and the decoder's bias to the head's `bias`) when it loads, so the file holds
+    e.g. `lm_head.bias` but no `lm_head.decoder.*`.
+    """
+    from transformers.modeling_tf_pytorch_utils import (
+        TransposeType,
+        convert_tf_weight_name_to_pt_weight_name,
+    )
+
+    config = masked_lm.config
+    # build_config() refused such a model already; never write its copy
+    check_padding_index(
+        config.model_type, config.pad_token_id, remedy="rerun with --no_pytorch_export"
+    )
+    state_dict = {}
+    for weight in masked_lm.weights:
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(
+            weight.name, tf_weight_shape=weight.shape
+        )
+        # convolutions: no supported model has any
+        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):
+            raise ValueError(
+                f"the TF weight {weight.name} needs a {transpose.value} transpose, not handled here"
+            )
+        if name in state_dict:
+            raise ValueError(f"two TF weights map to the PyTorch name {name}")
+        array = weight.numpy()
+        state_dict[name] = array.T.copy() if transpose is TransposeType.SIMPLE else array
+    return state_dict
+
+
+def write_pytorch_copy(masked_lm, tokenizer, folder):
+    """<folder>/pytorch: config, tokenizer and model.safetensors with PyTorch names and layouts, a
+    folder that transformers 5 loads as it is; no torch is needed here.
+
+    A folder of its own, not beside tf_model.h5: transformers 4.57's TF loader prefers a
+    model.safetensors it finds there, and fails on PyTorch-format files (its bug, not to be fixed),
+    so the TF model would no longer load by default.
+    """
+    from safetensors.numpy import save_file
+
+    copy = os.path.join(folder, PYTORCH_DIR)
+    os.makedirs(copy, exist_ok=True)
+    masked_lm.config.save_pretrained(copy)
+    tokenizer.save_pretrained(copy)
+    # "pt": the format transformers 5 loads.
+    save_file(
+        pytorch_state_dict(masked_lm),
+        os.path.join(copy, PYTORCH_WEIGHTS_NAME),
+        metadata={"format": "pt"},
+    )

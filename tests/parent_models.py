@@ -115,7 +115,7 @@ def save_parent(family, texts, folder, layout="tf"):
     the TF model saved."""
     from transformers import TFAutoModel
 
-    from mlm_pipeline.pytorch_export import write_pytorch_copy
+    from mlm_pipeline.pytorch_weights import write_pytorch_copy
 
     folder = Path(folder)
     tokenizer = family_tokenizer(family, texts)

@@ -20,13 +20,14 @@ SCRIPTS = {
 PACKAGE = REPO / "mlm_pipeline"
 
 
-def package_imports(path):
-    """The mlm_pipeline modules a file imports anywhere in it (imports inside functions count: a
-    script loads some of them only on the path that needs them)."""
+def package_imports(path, core=False):
+    """The mlm_pipeline modules a file imports: anywhere in it, or with `core` at its top level only
+    (a module imported inside a function loads only on the path that needs it: an optional
+    feature's, which its flag asks for)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     in_package = path.parent == PACKAGE
     modules = set()
-    for node in ast.walk(tree):
+    for node in tree.body if core else ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             relative_package = in_package and node.level == 1 and not node.module
             if node.module == "mlm_pipeline" or relative_package:
@@ -42,34 +43,36 @@ def package_imports(path):
     return modules
 
 
-def closure(script):
-    """The package modules a script needs: its own imports and theirs, to the end."""
-    needed, waiting = set(), list(package_imports(REPO / script))
+def closure(script, core=False):
+    """The package modules a script needs: its own imports and theirs, to the end; with `core`,
+    those it loads whatever its flags (top-level imports only)."""
+    needed, waiting = set(), list(package_imports(REPO / script, core))
     while waiting:
         module = waiting.pop()
         if module not in needed:
             needed.add(module)
-            waiting += package_imports(PACKAGE / f"{module}.py")
+            waiting += package_imports(PACKAGE / f"{module}.py", core)
     return needed
 
 
-def lines_to_copy(script):
-    """The lines of a step's copy: its script and every module it needs, __init__.py included."""
-    files = [REPO / script] + [
-        PACKAGE / f"{module}.py" for module in closure(script) | {"__init__"}
-    ]
+def lines_to_copy(script, modules):
+    """The lines of a step's copy: its script and `modules`, __init__.py included."""
+    files = [REPO / script] + [PACKAGE / f"{module}.py" for module in modules | {"__init__"}]
     return sum(len(path.read_text(encoding="utf-8").splitlines()) for path in files)
 
 
 def readme_copy_lists():
-    """{step: (script, {module names}, lines)} from README's "What to copy for each step" table."""
+    """{step: (script, {core modules}, {optional modules}, core lines, all lines)} from README's
+    "What to copy for each step" table."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("### What to copy for each step", 1)[1].split("\n#", 1)[0]
     rows = {}
-    row = r"^\| (\d) \| `([\w.]+)` \| (.+?) \| ([\d,]+) \|$"
+    row = r"^\| (\d) \| `([\w.]+)` \| (.+?) \| (.*?) \| ([\d,]+) \| ([\d,]+) \|$"
     for match in re.finditer(row, section, re.MULTILINE):
-        step, script, modules, lines = match.groups()
-        rows[step] = (script, set(re.findall(r"`(\w+)\.py`", modules)), int(lines.replace(",", "")))
+        step, script, core, optional, core_lines, all_lines = match.groups()
+        modules = [set(re.findall(r"`(\w+)\.py`", cell)) for cell in (core, optional)]
+        counts = [int(cell.replace(",", "")) for cell in (core_lines, all_lines)]
+        rows[step] = (script, *modules, *counts)
     return rows
 
 
@@ -78,17 +81,22 @@ def test_readme_names_what_each_step_needs(step):
     script = SCRIPTS[step]
     rows = readme_copy_lists()
     assert step in rows, f"README's copy table has no row for step {step} ({script})"
-    named_script, named_modules, named_lines = rows[step]
+    named_script, named_core, named_optional, core_lines, all_lines = rows[step]
     assert named_script == script
-    needed = closure(script) | {"__init__"}
-    assert named_modules == needed, (
-        f"README's copy list for {script}: missing {sorted(needed - named_modules)}, "
-        f"not needed {sorted(named_modules - needed)}"
-    )
-    lines = lines_to_copy(script)
-    assert named_lines == lines, (
-        f"README's copy table gives {script}'s copy {named_lines:,} lines; it is {lines:,}"
-    )
+    core = closure(script, core=True) | {"__init__"}
+    optional = closure(script) - core
+    for kind, named, needed in (("core", named_core, core), ("optional", named_optional, optional)):
+        assert named == needed, (
+            f"README's {kind} modules for {script}: missing {sorted(needed - named)}, "
+            f"not needed {sorted(named - needed)}"
+        )
+    for kind, named, lines in (
+        ("core", core_lines, lines_to_copy(script, core)),
+        ("whole", all_lines, lines_to_copy(script, core | optional)),
+    ):
+        assert named == lines, (
+            f"README's copy table gives {script}'s {kind} copy {named:,} lines; it is {lines:,}"
+        )
 
 
 def package_index():

@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -766,3 +767,24 @@ def test_run_mlm_tokenizer_folder_without_a_tokenizer(shards_dir, tmp_path):
     output_dir = tmp_path / "model"
     args = mlm_args(shards_dir / "train", empty, output_dir)
     refused(script_in_process, "run_mlm.py", args, output_dir, empty)
+
+
+def test_each_settings_group_holds_the_flags_of_its_argparse_group(monkeypatch):
+    """run_mlm.py's settings travel in groups (Model, Masking, ...), each made from the flags of
+    the argparse group of its name: a flag added to a group without a field, or a field without a
+    flag, would never reach the code, the resume check or the card."""
+    parsers = []
+    parse = run_mlm.OneLineErrorParser.parse_args
+    monkeypatch.setattr(
+        run_mlm.OneLineErrorParser,
+        "parse_args",
+        lambda self, argv=None: parsers.append(self) or parse(self, argv),
+    )
+    args = run_mlm.parse_args(["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"])
+    groups = {group.title: group for group in parsers[0]._action_groups}
+    every = (run_mlm.Model, run_mlm.Masking, run_mlm.Optimizer, run_mlm.Speed, run_mlm.Steps)
+    for settings in (*every, run_mlm.Output):
+        flags = {action.dest for action in groups[settings.__name__.lower()]._group_actions}
+        assert flags == {field.name for field in dataclasses.fields(settings)}, settings
+        made = run_mlm.settings(settings, args)
+        assert all(getattr(made, name) == getattr(args, name) for name in flags)
