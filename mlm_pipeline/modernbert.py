@@ -220,7 +220,8 @@ def dense(config, units, use_bias, kind, name):
 
 
 # The layers. Each build() builds its sublayers under their own names, as transformers' TF models
-# do, so that the variable names are fixed whatever first calls the model.
+# do, so that the variable names are fixed whatever first calls the model. Sublayers keep
+# PyTorch's attribute names (Wqkv, Wo, Wi): they are the names the weights are found by.
 
 
 class TFModernBertEmbeddings(tf_keras.layers.Layer):

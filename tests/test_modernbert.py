@@ -280,6 +280,23 @@ def test_imported_masked_lm_matches_pytorch(name, transformers5):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
+def test_run_mlm_heads_score_the_same_logits(name, exported):
+    """run_mlm.py's masked_lm_trainer, whose sparse head goes through the encoder and
+    get_lm_head() and whose full head through the masked LM, on an unpadded sequence (it passes no
+    attention mask)."""
+    import run_mlm
+    from mlm_pipeline.contract import FEATURE_NAME
+
+    model, _, logits = exported[name, "masked_lm"]
+    features = {FEATURE_NAME: batch()[0][:1], "masked_positions": np.array(POSITIONS[:1])}
+    expected = logits[:1, POSITIONS[0]]
+    for mlm_head in ("sparse", "full"):
+        trainer = run_mlm.masked_lm_trainer(model, mlm_head, mask_token_id=3)
+        found = trainer(features, training=False).numpy()
+        np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5, err_msg=mlm_head)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
 def test_imported_encoder_matches_pytorch(name, transformers5):
     """TFModernBertModel (names model.*, as in the masked LM's file) gives PyTorch's last hidden
     state."""
@@ -526,3 +543,24 @@ def test_initialization_follows_modernbert():
     for name, values in weights.items():
         if name.endswith(("gamma:0", "beta:0", "bias:0")):
             assert np.all(values == (1.0 if name.endswith("gamma:0") else 0.0)), name
+
+
+def test_configs_it_cannot_run_are_refused():
+    """A RoPE variant other than plain, or layer_types that do not fit the layers, would give a
+    model that differs from transformers 5's without a word."""
+    from transformers import ModernBertConfig
+
+    from mlm_pipeline import modernbert
+
+    scaled = ModernBertConfig(
+        **CONFIGS["biases"],
+        rope_parameters={FULL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0}},
+    )
+    with pytest.raises(NotImplementedError, match="linear"):
+        modernbert.TFModernBertModel(scaled)
+    short = ModernBertConfig(**{**CONFIGS["no_biases"], "layer_types": [FULL, SLIDING]})
+    with pytest.raises(ValueError, match="2 layer_types for 5 layers"):
+        modernbert.TFModernBertModel(short)
+    assert modernbert.global_layer_period([FULL, SLIDING, SLIDING, FULL]) == 3
+    assert modernbert.global_layer_period([FULL, FULL], preferred=1) == 1
+    assert modernbert.global_layer_period([FULL, SLIDING, FULL, FULL, SLIDING]) is None
