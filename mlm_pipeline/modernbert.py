@@ -135,6 +135,20 @@ def normalize_config(config):
     return config
 
 
+def use_legacy_layout(config):
+    """Drop `layer_types` and `rope_parameters` from `config` (in place; returned), so that
+    `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta` decide again.
+
+    For a change to one of those (run_mlm.py's --config_overrides) on a config that holds the
+    transformers 5 spelling, which both transformers 5 and these models would otherwise read
+    first, ignoring the change; `num_hidden_layers` needs it too, or `layer_types` no longer
+    fits."""
+    for name in ("layer_types", "rope_parameters"):
+        if hasattr(config, name):
+            delattr(config, name)
+    return config
+
+
 def config_from_dict(dictionary):
     """A transformers 4.57 ModernBertConfig from a config.json's contents, saved by transformers 4
     or 5, with the thetas and layer types transformers 5 would read."""

@@ -564,3 +564,21 @@ def test_configs_it_cannot_run_are_refused():
     assert modernbert.global_layer_period([FULL, SLIDING, SLIDING, FULL]) == 3
     assert modernbert.global_layer_period([FULL, FULL], preferred=1) == 1
     assert modernbert.global_layer_period([FULL, SLIDING, FULL, FULL, SLIDING]) is None
+
+
+def test_legacy_layout_after_a_change(transformers5):
+    """A config read from a transformers 5 file, then changed through the 4.57 fields (as
+    --config_overrides would): use_legacy_layout() lets the change count."""
+    from mlm_pipeline import modernbert
+
+    _, built = transformers5
+    config = modernbert.load_config(built["biases", "masked_lm"])
+    config.global_rope_theta, config.num_hidden_layers = 7.0, 7
+    config.global_attn_every_n_layers = 2
+    with pytest.raises(ValueError, match="4 layer_types for 7 layers"):
+        modernbert.attention_layout(config)
+    modernbert.use_legacy_layout(config)
+    layer_types, thetas = modernbert.attention_layout(config)
+    assert layer_types == [FULL, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL]
+    assert thetas == {FULL: 7.0, SLIDING: CONFIGS["biases"]["local_rope_theta"]}
+    assert "layer_types" not in config.to_dict()
