@@ -167,8 +167,7 @@ def config_folders(tmp_path_factory):
     from mlm_pipeline import modernbert
 
     root = tmp_path_factory.mktemp("configs")
-    legacy = {k: v for k, v in CONFIGS["biases"].items()}
-    ModernBertConfig(**legacy).save_pretrained(str(root / "legacy"))
+    ModernBertConfig(**CONFIGS["biases"]).save_pretrained(str(root / "legacy"))
     stale = ModernBertConfig(
         **{k: v for k, v in CONFIGS["no_biases"].items() if not k.endswith("rope_theta")},
         rope_parameters={
