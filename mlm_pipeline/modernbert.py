@@ -1,0 +1,745 @@
+"""ModernBERT in TensorFlow (tf_keras), a twin of transformers 5's PyTorch ModernBERT.
+
+transformers 4.57, the last line with TF models, has ModernBERT in PyTorch only. Its
+`ModernBertConfig` drives these classes, so a published config.json means here what it means
+there, and every TF variable is named so that transformers'
+`convert_tf_weight_name_to_pt_weight_name` (pytorch_export.py and pytorch_weights.py use it
+unchanged) gives the PyTorch state-dict name:
+`model.layers.1.attn.Wqkv.weight` is the TF variable `.../model/layers_._1/attn/Wqkv/kernel:0`.
+
+The architecture, as transformers 5 runs it with padded batches (no unpadding, static shapes, so
+XLA compiles it): token embeddings (no position embeddings) and a LayerNorm; pre-norm layers whose
+attention rotates queries and keys (RoPE), global layers over the whole sequence and local ones
+over a band of `local_attention // 2` tokens each side; a GeGLU MLP; a final LayerNorm. Heads: a
+dense-activation-norm head, then the decoder (the word embeddings when tied) or a classifier.
+
+transformers 5 stores the attention pattern and the RoPE bases as `layer_types` and
+`rope_parameters`, where transformers 4.57 has `global_attn_every_n_layers`,
+`global_rope_theta` and `local_rope_theta`; 4.57 reads a transformers 5 config.json with its own
+defaults for the thetas. `attention_layout()` reads a config as transformers 5 would, and the
+models put both spellings in agreement (`normalize_config()`) when they are built.
+"""
+
+import copy
+import json
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from transformers import ModernBertConfig
+from transformers.activations_tf import get_tf_activation
+from transformers.modeling_tf_outputs import (
+    TFBaseModelOutput,
+    TFMaskedLMOutput,
+    TFSequenceClassifierOutput,
+)
+from transformers.modeling_tf_utils import (
+    TFMaskedLanguageModelingLoss,
+    TFPreTrainedModel,
+    TFSequenceClassificationLoss,
+    keras_serializable,
+    unpack_inputs,
+)
+from transformers.tf_utils import check_embeddings_within_bounds, shape_list
+
+FULL_ATTENTION = "full_attention"  # transformers 5's name for a global layer
+SLIDING_ATTENTION = "sliding_attention"  # and for a local one
+LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+# PyTorch activation names transformers' TF side spells otherwise (the same functions)
+ACTIVATION_ALIASES = {
+    "gelu_python": "gelu",
+    "gelu_pytorch_tanh": "gelu_new",
+    "gelu_python_tanh": "gelu_new",
+}
+
+
+# The configuration: transformers 5's reading of it, and both spellings kept in agreement.
+
+
+def attention_layout(config):
+    """(layer types, {layer type: RoPE theta}) as transformers 5 reads the same fields.
+
+    transformers 5 takes `layer_types` when present, else a global layer every
+    `global_attn_every_n_layers` layers from layer 0; a theta from `rope_parameters[type]` when
+    present, else from `global_rope_theta` (global layers) and `local_rope_theta` (local ones)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        every = config.global_attn_every_n_layers
+        layer_types = [
+            SLIDING_ATTENTION if index % every else FULL_ATTENTION
+            for index in range(config.num_hidden_layers)
+        ]
+    layer_types = list(layer_types)
+    if len(layer_types) != config.num_hidden_layers:
+        raise ValueError(
+            f"the ModernBERT config has {len(layer_types)} layer_types for "
+            f"{config.num_hidden_layers} layers"
+        )
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"the ModernBERT config has unknown layer_types {unknown}")
+    if getattr(config, "rope_scaling", None):
+        raise NotImplementedError("ModernBERT in TF has plain RoPE only, not rope_scaling")
+    legacy = {FULL_ATTENTION: config.global_rope_theta, SLIDING_ATTENTION: config.local_rope_theta}
+    rope_parameters = getattr(config, "rope_parameters", None) or {}
+    thetas = {}
+    for layer_type in LAYER_TYPES:
+        parameters = rope_parameters.get(layer_type) or {}
+        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        if rope_type != "default":
+            # scaled variants change the frequencies; a model that differs silently is worse
+            raise NotImplementedError(
+                f"ModernBERT in TF has plain RoPE only, not rope_type {rope_type!r}"
+            )
+        thetas[layer_type] = float(parameters.get("rope_theta", legacy[layer_type]))
+    return layer_types, thetas
+
+
+def global_layer_period(layer_types, preferred=None):
+    """The n for which layer i is global exactly when i % n == 0 (`preferred` if it fits, else
+    the smallest), or None when the pattern is no such period."""
+    candidates = range(1, len(layer_types) + 1)
+    if preferred:
+        candidates = [preferred, *candidates]
+    for period in candidates:
+        pattern = [
+            SLIDING_ATTENTION if i % period else FULL_ATTENTION for i in range(len(layer_types))
+        ]
+        if pattern == list(layer_types):
+            return period
+    return None
+
+
+def normalize_config(config):
+    """Make both spellings of `config` (in place; returned) say what transformers 5 reads.
+
+    transformers 4.57 reads a config.json saved by transformers 5 with its own default thetas
+    (160,000 and 10,000) and keeps `layer_types` and `rope_parameters` as plain attributes; it
+    also saves them back. transformers 5 reads those first. So the 5 spelling decides, and the
+    4.57 fields (`global_rope_theta`, `local_rope_theta`, `global_attn_every_n_layers`) are set
+    from it; both are written by `config.save_pretrained()` and mean the same to either version.
+    A pattern no period describes is left to `layer_types` alone."""
+    layer_types, thetas = attention_layout(config)
+    config.global_rope_theta = thetas[FULL_ATTENTION]
+    config.local_rope_theta = thetas[SLIDING_ATTENTION]
+    period = global_layer_period(layer_types, config.global_attn_every_n_layers)
+    if period is not None:
+        config.global_attn_every_n_layers = period
+    config.layer_types = layer_types
+    config.rope_parameters = {
+        layer_type: {"rope_type": "default", "rope_theta": thetas[layer_type]}
+        for layer_type in LAYER_TYPES
+    }
+    return config
+
+
+def use_legacy_layout(config):
+    """Drop `layer_types` and `rope_parameters` from `config` (in place; returned), so that
+    `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta` decide again.
+
+    For a change to one of those (run_mlm.py's --config_overrides) on a config that holds the
+    transformers 5 spelling, which both transformers 5 and these models would otherwise read
+    first, ignoring the change; `num_hidden_layers` needs it too, or `layer_types` no longer
+    fits."""
+    for name in ("layer_types", "rope_parameters"):
+        if hasattr(config, name):
+            delattr(config, name)
+    return config
+
+
+def config_from_dict(dictionary):
+    """A transformers 4.57 ModernBertConfig from a config.json's contents, saved by transformers 4
+    or 5, with the thetas and layer types transformers 5 would read."""
+    return normalize_config(ModernBertConfig.from_dict(dictionary))
+
+
+def load_config(folder):
+    """config_from_dict() of `folder`/config.json."""
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as file:
+        return config_from_dict(json.load(file))
+
+
+def transformers5_config_dict(config):
+    """The contents of a config.json that transformers 5 reads as this model (and 4.57 too): both
+    spellings, in agreement. `config` itself is not changed."""
+    return normalize_config(copy.deepcopy(config)).to_dict()
+
+
+def save_transformers5_config(config, folder):
+    """Write `folder`/config.json from transformers5_config_dict(); returns its path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(transformers5_config_dict(config), file, indent=2, sort_keys=True)
+        file.write("\n")
+    return path
+
+
+# Initialization, as transformers' ModernBERT _init_weights: runs here train from random weights.
+
+
+class TruncatedNormal(tf_keras.initializers.Initializer):
+    """A normal of standard deviation `stddev` cut at `cutoff` standard deviations, drawn by the
+    inverse CDF as torch's trunc_normal_ draws it (Keras' own cuts at 2 always)."""
+
+    def __init__(self, stddev, cutoff):
+        self.stddev, self.cutoff = float(stddev), float(cutoff)
+
+    def __call__(self, shape, dtype=None, **kwargs):
+        dtype = tf.as_dtype(dtype or tf_keras.backend.floatx())
+        low, high = (0.5 * (1.0 + math.erf(s * self.cutoff / math.sqrt(2.0))) for s in (-1, 1))
+        uniform = tf.random.uniform(shape, 2.0 * low - 1.0, 2.0 * high - 1.0, dtype=tf.float32)
+        values = math.sqrt(2.0) * self.stddev * tf.math.erfinv(uniform)
+        limit = self.cutoff * self.stddev
+        return tf.cast(tf.clip_by_value(values, -limit, limit), dtype)
+
+    def get_config(self):
+        return {"stddev": self.stddev, "cutoff": self.cutoff}
+
+
+def initializer(config, kind):
+    """The initializer ModernBERT gives a weight of `kind`: "in" (embeddings, Wqkv, Wi), "out"
+    (the projections back into the residual stream, scaled down by depth; the heads' dense; an
+    untied decoder) or "final_out" (the classifier)."""
+    stddevs = {
+        "in": config.initializer_range,
+        "out": config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers),
+        "final_out": config.hidden_size**-0.5,
+    }
+    cutoff = config.initializer_cutoff_factor
+    return TruncatedNormal(stddevs[kind], 3.0 if cutoff is None else cutoff)
+
+
+def activation(name):
+    """The TF function for a PyTorch activation name (ACT2FN's)."""
+    if name == "linear":
+        return tf.identity
+    return get_tf_activation(ACTIVATION_ALIASES.get(name, name))
+
+
+def layer_norm(config, name):
+    """PyTorch's LayerNorm(bias=norm_bias). tf_keras computes it in float32 under mixed
+    precision."""
+    return tf_keras.layers.LayerNormalization(
+        epsilon=config.norm_eps, center=config.norm_bias, name=name
+    )
+
+
+def dense(config, units, use_bias, kind, name):
+    return tf_keras.layers.Dense(
+        units, use_bias=use_bias, kernel_initializer=initializer(config, kind), name=name
+    )
+
+
+# The layers. Each build() builds its sublayers under their own names, as transformers' TF models
+# do, so that the variable names are fixed whatever first calls the model. Sublayers keep
+# PyTorch's attribute names (Wqkv, Wo, Wi): they are the names the weights are found by.
+
+
+class TFModernBertEmbeddings(tf_keras.layers.Layer):
+    """Token embeddings (`tok_embeddings.weight`), LayerNorm (`norm`), dropout."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.norm = layer_norm(config, "norm")
+        self.dropout = tf_keras.layers.Dropout(config.embedding_dropout)
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        with tf.name_scope("tok_embeddings"):
+            self.weight = self.add_weight(
+                name="weight",
+                shape=[self.config.vocab_size, self.config.hidden_size],
+                initializer=initializer(self.config, "in"),
+            )
+        with tf.name_scope(self.norm.name):
+            self.norm.build([None, None, self.config.hidden_size])
+
+    def call(self, input_ids=None, inputs_embeds=None, training=False):
+        if inputs_embeds is None:
+            check_embeddings_within_bounds(input_ids, self.config.vocab_size)
+            inputs_embeds = tf.gather(self.weight, input_ids)
+        return self.dropout(self.norm(inputs_embeds), training=training)
+
+
+class TFModernBertMLP(tf_keras.layers.Layer):
+    """GeGLU: Wi to twice the intermediate size, split into input and gate, act(input) * gate,
+    dropout, Wo."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.Wi = dense(config, 2 * config.intermediate_size, config.mlp_bias, "in", "Wi")
+        self.activation = activation(config.hidden_activation)
+        self.dropout = tf_keras.layers.Dropout(config.mlp_dropout)
+        self.Wo = dense(config, config.hidden_size, config.mlp_bias, "out", "Wo")
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        with tf.name_scope(self.Wi.name):
+            self.Wi.build([None, None, self.config.hidden_size])
+        with tf.name_scope(self.Wo.name):
+            self.Wo.build([None, None, self.config.intermediate_size])
+
+    def call(self, hidden_states, training=False):
+        inputs, gate = tf.split(self.Wi(hidden_states), 2, axis=-1)
+        return self.Wo(self.dropout(self.activation(inputs) * gate, training=training))
+
+
+def rotate_half(tensor):
+    first, second = tf.split(tensor, 2, axis=-1)
+    return tf.concat([-second, first], axis=-1)
+
+
+def apply_rotary(tensor, cos, sin):
+    """RoPE in float32, whatever the compute dtype, as transformers 5 applies it."""
+    rotated = tf.cast(tensor, tf.float32)
+    rotated = rotated * cos + rotate_half(rotated) * sin
+    return tf.cast(rotated, tensor.dtype)
+
+
+def rotary_tables(theta, head_size, length):
+    """cos and sin [length, head_size] in float32 for positions 0 .. length - 1."""
+    exponents = np.arange(0, head_size, 2, dtype=np.float32) / np.float32(head_size)
+    inverse_frequencies = tf.constant(1.0 / np.power(np.float32(theta), exponents), tf.float32)
+    positions = tf.cast(tf.range(length), tf.float32)
+    frequencies = positions[:, None] * inverse_frequencies[None, :]
+    angles = tf.concat([frequencies, frequencies], axis=-1)
+    return tf.cos(angles), tf.sin(angles)
+
+
+class TFModernBertAttention(tf_keras.layers.Layer):
+    """Self-attention over a padded batch: one Wqkv projection, RoPE on queries and keys, scores
+    plus an additive float32 mask (padding, and the band of a local layer), softmax in float32,
+    dropout on the probabilities, Wo, dropout."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(
+                f"the hidden size ({config.hidden_size}) is not a multiple of the number of "
+                f"attention heads ({config.num_attention_heads})"
+            )
+        self.config = config
+        self.head_count = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.Wqkv = dense(config, 3 * config.hidden_size, config.attention_bias, "in", "Wqkv")
+        self.Wo = dense(config, config.hidden_size, config.attention_bias, "out", "Wo")
+        self.attention_dropout = tf_keras.layers.Dropout(config.attention_dropout)
+        self.output_dropout = tf_keras.layers.Dropout(config.attention_dropout)
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        for projection in (self.Wqkv, self.Wo):
+            with tf.name_scope(projection.name):
+                projection.build([None, None, self.config.hidden_size])
+
+    def call(self, hidden_states, rotary, attention_bias, training=False):
+        batch, length = shape_list(hidden_states)[:2]
+        qkv = self.Wqkv(hidden_states)
+        # PyTorch's layout: [batch, length, (query, key, value), heads, head size]
+        qkv = tf.reshape(qkv, [batch, length, 3, self.head_count, self.head_size])
+        query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]), axis=0)
+        cos, sin = rotary
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        scores = tf.matmul(query, key, transpose_b=True) * tf.cast(
+            self.head_size**-0.5, query.dtype
+        )
+        # float32: bfloat16 has too few bits for the mask's large negative value and the softmax
+        probabilities = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias, axis=-1)
+        probabilities = self.attention_dropout(
+            tf.cast(probabilities, value.dtype), training=training
+        )
+        context = tf.transpose(tf.matmul(probabilities, value), [0, 2, 1, 3])
+        context = tf.reshape(context, [batch, length, self.config.hidden_size])
+        return self.output_dropout(self.Wo(context), training=training)
+
+
+class TFModernBertEncoderLayer(tf_keras.layers.Layer):
+    """Pre-norm: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)). Layer 0 has no attn_norm (the
+    embeddings' norm precedes it), as in PyTorch, where it is an Identity without weights."""
+
+    def __init__(self, config, layer_index, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.attn_norm = layer_norm(config, "attn_norm") if layer_index else None
+        self.attn = TFModernBertAttention(config, name="attn")
+        self.mlp_norm = layer_norm(config, "mlp_norm")
+        self.mlp = TFModernBertMLP(config, name="mlp")
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        for layer in (self.attn_norm, self.attn, self.mlp_norm, self.mlp):
+            if layer is not None:
+                with tf.name_scope(layer.name):
+                    layer.build([None, None, self.config.hidden_size])
+
+    def call(self, hidden_states, rotary, attention_bias, training=False):
+        normed = hidden_states if self.attn_norm is None else self.attn_norm(hidden_states)
+        hidden_states = hidden_states + self.attn(normed, rotary, attention_bias, training=training)
+        return hidden_states + self.mlp(self.mlp_norm(hidden_states), training=training)
+
+
+def attention_biases(attention_mask, length, half_window):
+    """{layer type: an additive float32 mask [batch, 1, length, length]}: 0 where a query may
+    attend, float32's lowest value where not. A query attends to the unpadded keys; in a local
+    layer only to those at most `half_window` positions away (transformers 5's sliding window is
+    |i - j| <= local_attention // 2). A query with no key left (padding far from any token) gets
+    the same uniform average as in transformers 5's eager attention."""
+    keys = tf.cast(attention_mask, tf.bool)[:, None, None, :]
+    positions = tf.range(length)
+    band = tf.abs(positions[:, None] - positions[None, :]) <= half_window
+    lowest = tf.float32.min
+    return {
+        FULL_ATTENTION: tf.where(keys, 0.0, lowest),
+        SLIDING_ATTENTION: tf.where(keys & band[None, None], 0.0, lowest),
+    }
+
+
+@keras_serializable
+class TFModernBertMainLayer(tf_keras.layers.Layer):
+    """The encoder, PyTorch's ModernBertModel: embeddings, layers, final norm."""
+
+    config_class = ModernBertConfig
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = normalize_config(config)
+        self.layer_types, self.rope_thetas = attention_layout(config)
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.embeddings = TFModernBertEmbeddings(config, name="embeddings")
+        # "_._" becomes "." in PyTorch's names: layers_._3 is layers.3
+        self.encoder_layers = [
+            TFModernBertEncoderLayer(config, index, name=f"layers_._{index}")
+            for index in range(config.num_hidden_layers)
+        ]
+        self.final_norm = layer_norm(config, "final_norm")
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        for layer in (self.embeddings, *self.encoder_layers, self.final_norm):
+            with tf.name_scope(layer.name):
+                layer.build([None, None, self.config.hidden_size])
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    @unpack_inputs
+    def call(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        output_hidden_states=None,
+        return_dict=None,
+        training=False,
+    ):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        hidden_states = self.embeddings(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, training=training
+        )
+        batch, length = shape_list(hidden_states)[:2]
+        if attention_mask is None:
+            attention_mask = tf.ones([batch, length], tf.int32)
+        biases = attention_biases(attention_mask, length, self.config.local_attention // 2)
+        rotary = {
+            layer_type: rotary_tables(theta, self.head_size, length)
+            for layer_type, theta in self.rope_thetas.items()
+        }
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        for layer, layer_type in zip(self.encoder_layers, self.layer_types):
+            hidden_states = layer(
+                hidden_states, rotary[layer_type], biases[layer_type], training=training
+            )
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+        hidden_states = self.final_norm(hidden_states)
+        if output_hidden_states:  # transformers 5 gives the final norm's output last
+            all_hidden_states = all_hidden_states[:-1] + (hidden_states,)
+        if not return_dict:
+            return tuple(t for t in (hidden_states, all_hidden_states) if t is not None)
+        return TFBaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden_states)
+
+
+class TFModernBertPredictionHead(tf_keras.layers.Layer):
+    """dense (bias if classifier_bias), classifier_activation, norm: before the decoder or the
+    classifier."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.dense = dense(config, config.hidden_size, config.classifier_bias, "out", "dense")
+        self.activation = activation(config.classifier_activation)
+        self.norm = layer_norm(config, "norm")
+
+    def build(self, input_shape=None):
+        """`input_shape`: [None, None, hidden] (the default) for the masked LM's states, [None,
+        hidden] for the classifier's pooled one (Keras' LayerNorm keeps the rank it was built
+        for)."""
+        if self.built:
+            return
+        self.built = True
+        for layer in (self.dense, self.norm):
+            with tf.name_scope(layer.name):
+                layer.build(input_shape or [None, None, self.config.hidden_size])
+
+    def call(self, hidden_states):
+        return self.norm(self.activation(self.dense(hidden_states)))
+
+
+class TFModernBertDecoder(tf_keras.layers.Layer):
+    """Hidden states to logits: the word embeddings when tie_word_embeddings (then only the bias
+    is its own, `decoder.bias`, as PyTorch's save_pretrained writes a tied model), else its own
+    `decoder.weight` [vocabulary, hidden], PyTorch's layout."""
+
+    def __init__(self, config, input_embeddings, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.input_embeddings = input_embeddings if config.tie_word_embeddings else None
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        if self.input_embeddings is None:
+            self.weight = self.add_weight(
+                name="weight",
+                shape=[self.config.vocab_size, self.config.hidden_size],
+                initializer=initializer(self.config, "out"),
+            )
+        self.bias = None
+        if self.config.decoder_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=[self.config.vocab_size], initializer="zeros"
+            )
+
+    def call(self, hidden_states):
+        weight = self.weight if self.input_embeddings is None else self.input_embeddings.weight
+        logits = tf.einsum("...h,vh->...v", hidden_states, tf.cast(weight, hidden_states.dtype))
+        if self.bias is not None:
+            logits = logits + tf.cast(self.bias, logits.dtype)
+        return logits
+
+
+class TFModernBertLMHead(tf_keras.layers.Layer):
+    """The masked LM's head and decoder as one layer, what `get_lm_head()` returns: hidden states
+    [batch, n, hidden] to logits [batch, n, vocabulary]. PyTorch has no module around them (its
+    names are head.* and decoder.*), so the masked LM builds this layer without a name scope of
+    its own."""
+
+    def __init__(self, config, input_embeddings, **kwargs):
+        super().__init__(**kwargs)
+        self.head = TFModernBertPredictionHead(config, name="head")
+        self.decoder = TFModernBertDecoder(config, input_embeddings, name="decoder")
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        for layer in (self.head, self.decoder):
+            with tf.name_scope(layer.name):
+                layer.build(None)
+
+    def get_output_embeddings(self):
+        decoder = self.decoder
+        return decoder if decoder.input_embeddings is None else decoder.input_embeddings
+
+    def get_bias(self):
+        return {} if self.decoder.bias is None else {"bias": self.decoder.bias}
+
+    def call(self, hidden_states):
+        return self.decoder(self.head(hidden_states))
+
+
+# The models.
+
+
+class TFModernBertPreTrainedModel(TFPreTrainedModel):
+    config_class = ModernBertConfig
+    base_model_prefix = "model"
+
+
+class TFModernBertModel(TFModernBertPreTrainedModel):
+    """The bare encoder; [0] of its output is the last hidden state. Its weights are named
+    `model.*`, as in the masked LM's and the classifier's checkpoints."""
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self.model = TFModernBertMainLayer(config, name="model")
+
+    @unpack_inputs
+    def call(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        output_hidden_states=None,
+        return_dict=None,
+        training=False,
+    ):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+            training=training,
+        )
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        with tf.name_scope(self.model.name):
+            self.model.build(None)
+
+
+class TFModernBertForMaskedLM(TFModernBertPreTrainedModel, TFMaskedLanguageModelingLoss):
+    """ModernBertForMaskedLM: logits over the vocabulary at every position."""
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        self.model = TFModernBertMainLayer(config, name="model")
+        self.lm_head = TFModernBertLMHead(config, self.model.embeddings, name="lm_head")
+
+    def get_lm_head(self):
+        """The head and decoder, built with their PyTorch names (a first call through Keras would
+        build it under a name scope "lm_head" of its own)."""
+        if not self.built:
+            self.build_in_name_scope()
+        return self.lm_head
+
+    @unpack_inputs
+    def call(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_hidden_states=None,
+        return_dict=None,
+        training=False,
+    ):
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            training=training,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None if labels is None else self.hf_compute_loss(labels, logits)
+        if not return_dict:
+            output = (logits,) + ((outputs.hidden_states,) if output_hidden_states else ())
+            return output if loss is None else (loss,) + output
+        return TFMaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        with tf.name_scope(self.model.name):
+            self.model.build(None)
+        self.lm_head.build(None)  # no scope: its sublayers are top-level names in PyTorch
+
+
+class TFModernBertForSequenceClassification(
+    TFModernBertPreTrainedModel, TFSequenceClassificationLoss
+):
+    """ModernBertForSequenceClassification: the first token's state ("cls") or the mean over the
+    unpadded tokens ("mean"), the prediction head, dropout, and a classifier that always has a
+    bias (classifier_bias is the head's dense's, as in transformers 5)."""
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        if config.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling {config.classifier_pooling!r}: cls or mean")
+        self.num_labels = config.num_labels
+        self.model = TFModernBertMainLayer(config, name="model")
+        self.head = TFModernBertPredictionHead(config, name="head")
+        self.dropout = tf_keras.layers.Dropout(config.classifier_dropout)
+        self.classifier = dense(config, config.num_labels, True, "final_out", "classifier")
+
+    @unpack_inputs
+    def call(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        labels=None,
+        output_hidden_states=None,
+        return_dict=None,
+        training=False,
+    ):
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            training=training,
+        )
+        hidden_states = outputs.last_hidden_state
+        if self.config.classifier_pooling == "cls":
+            pooled = hidden_states[:, 0]
+        else:
+            if attention_mask is None:
+                attention_mask = tf.ones(shape_list(hidden_states)[:2], tf.int32)
+            # float32: a sum over the sequence in bfloat16 would lose the small states' share
+            weights = tf.cast(attention_mask, tf.float32)[:, :, None]
+            summed = tf.reduce_sum(tf.cast(hidden_states, tf.float32) * weights, axis=1)
+            pooled = tf.cast(summed / tf.reduce_sum(weights, axis=1), hidden_states.dtype)
+        pooled = self.dropout(self.head(pooled), training=training)
+        logits = self.classifier(pooled)
+        loss = None if labels is None else self.hf_compute_loss(labels, logits)
+        if not return_dict:
+            output = (logits,) + ((outputs.hidden_states,) if output_hidden_states else ())
+            return output if loss is None else (loss,) + output
+        return TFSequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states
+        )
+
+    def build(self, input_shape=None):
+        if self.built:
+            return
+        self.built = True
+        with tf.name_scope(self.model.name):
+            self.model.build(None)
+        with tf.name_scope(self.head.name):
+            self.head.build([None, self.config.hidden_size])
+        with tf.name_scope(self.classifier.name):
+            self.classifier.build([None, self.config.hidden_size])
+
+
+def register():
+    """Make transformers 4.57's TF auto classes build these for a ModernBertConfig
+    (TFAutoModelForMaskedLM.from_config, from_pretrained); safe to call again."""
+    from transformers import (
+        TFAutoModel,
+        TFAutoModelForMaskedLM,
+        TFAutoModelForSequenceClassification,
+    )
+
+    TFAutoModel.register(ModernBertConfig, TFModernBertModel, exist_ok=True)
+    TFAutoModelForMaskedLM.register(ModernBertConfig, TFModernBertForMaskedLM, exist_ok=True)
+    TFAutoModelForSequenceClassification.register(
+        ModernBertConfig, TFModernBertForSequenceClassification, exist_ok=True
+    )
+
+
+register()
