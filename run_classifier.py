@@ -378,7 +378,7 @@ def main(args, callbacks=()):
             f"the batch of {global_batch_size} examples is larger than the {len(train)} training "
             "examples; lower --per_replica_batch_size or add data."
         )
-    with_token_types = pretrained.config.type_vocab_size > 1
+    with_token_types = getattr(pretrained.config, "type_vocab_size", 1) > 1
     train_features = encode(pretrained.tokenizer, train, max_length, with_token_types)
     eval_features = encode(pretrained.tokenizer, validation, max_length, with_token_types)
     # A TPU compiles a program for each shape it meets, so there every batch has the one length.

@@ -33,6 +33,7 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
     except (OSError, ValueError) as error:
         raise UsageError(f"could not load {flag} {source}: {first_line(error)}") from None
     apply_overrides(config, overrides)
+    register_tf_family(config)
     if config.hidden_size % config.num_attention_heads:
         raise UsageError(
             f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
@@ -76,12 +77,45 @@ def overrides_items(overrides):
 
 
 def apply_overrides(config, overrides):
-    for key, value in overrides_items(overrides):
+    items = list(overrides_items(overrides))
+    for key, value in items:
         if not hasattr(config, key):
             raise UsageError(
                 f"--config_overrides names {key!r}, which {type(config).__name__} does not have."
             )
         setattr(config, key, value)
+    if config.model_type == "modernbert" and {key for key, _ in items} & MODERNBERT_LAYOUT:
+        from . import modernbert
+
+        modernbert.use_legacy_layout(config)  # a transformers 5 layout would hide the change
+
+
+# ModernBERT's fields that transformers 5 restates as layer_types and rope_parameters
+MODERNBERT_LAYOUT = {
+    "num_hidden_layers",
+    "global_attn_every_n_layers",
+    "global_rope_theta",
+    "local_rope_theta",
+}
+
+
+def register_tf_family(config):
+    """Families transformers 4.57 has no TF class for, written here on its own config (ModernBERT:
+    modernbert.py), join its TF auto classes when a config names one, so the scripts build, load
+    and save them as any transformers TF model; the module is imported only then."""
+    if config.model_type == "modernbert":
+        from . import modernbert  # registers itself with TFAutoModelForMaskedLM and the others
+
+        modernbert.normalize_config(config)
+
+
+def has_tf_masked_lm(config):
+    """Whether TFAutoModelForMaskedLM builds `config`: a transformers TF masked LM, or a family
+    registered by register_tf_family()."""
+    from transformers import TFAutoModelForMaskedLM
+
+    register_tf_family(config)
+    return type(config) in TFAutoModelForMaskedLM._model_mapping
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):

@@ -3,8 +3,8 @@
 transformers 4.57, the last line with TF models, has ModernBERT in PyTorch only. Its
 `ModernBertConfig` drives these classes, so a published config.json means here what it means
 there, and every TF variable is named so that transformers'
-`convert_tf_weight_name_to_pt_weight_name` (pytorch_export.py and pytorch_weights.py use it
-unchanged) gives the PyTorch state-dict name:
+`convert_tf_weight_name_to_pt_weight_name` (pytorch_weights.py uses it both ways, unchanged)
+gives the PyTorch state-dict name:
 `model.layers.1.attn.Wqkv.weight` is the TF variable `.../model/layers_._1/attn/Wqkv/kernel:0`.
 
 The architecture, as transformers 5 runs it with padded batches (no unpadding, static shapes, so
@@ -442,6 +442,7 @@ class TFModernBertMainLayer(tf_keras.layers.Layer):
         self,
         input_ids=None,
         attention_mask=None,
+        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
         inputs_embeds=None,
         output_hidden_states=None,
         return_dict=None,
@@ -586,6 +587,7 @@ class TFModernBertModel(TFModernBertPreTrainedModel):
         self,
         input_ids=None,
         attention_mask=None,
+        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
         inputs_embeds=None,
         output_hidden_states=None,
         return_dict=None,
@@ -628,6 +630,7 @@ class TFModernBertForMaskedLM(TFModernBertPreTrainedModel, TFMaskedLanguageModel
         self,
         input_ids=None,
         attention_mask=None,
+        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
         inputs_embeds=None,
         labels=None,
         output_hidden_states=None,
@@ -680,6 +683,7 @@ class TFModernBertForSequenceClassification(
         self,
         input_ids=None,
         attention_mask=None,
+        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
         inputs_embeds=None,
         labels=None,
         output_hidden_states=None,

@@ -94,11 +94,13 @@ class PretrainedModel:
         from transformers import AutoConfig
 
         try:
-            return AutoConfig.from_pretrained(self.source, trust_remote_code=trust_remote_code)
+            config = AutoConfig.from_pretrained(self.source, trust_remote_code=trust_remote_code)
         except Exception as error:  # transformers raises many kinds for what it cannot read
             raise UsageError(
                 f"could not load the model config of {FLAG} {self.name}: {first_line(error)[:300]}"
             ) from None
+        architecture.register_tf_family(config)  # ModernBERT's TF class, written here
+        return config
 
     def check_tokenizer(self):
         """The tokenizer's ids must all have an embedding, and padding needs a padding token."""
@@ -156,14 +158,12 @@ class Parent(PretrainedModel):
                 f"{FLAG} to pretrain another shape from random weights."
             )
         super().__init__(name, weights=True, trust_remote_code=trust_remote_code)
-        from transformers.models.auto.modeling_tf_auto import TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-        model_type = self.config.model_type
-        if model_type not in TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        if not architecture.has_tf_masked_lm(self.config):
             raise UsageError(
-                f"{FLAG} {name} is a {model_type} model, which has no TF masked-LM class in "
-                "transformers, so it cannot be pretrained further here; pass a masked LM (e.g. "
-                f"{', '.join(sorted(TF_MODEL_FOR_MASKED_LM_MAPPING_NAMES)[:8])}, ...)."
+                f"{FLAG} {name} is a {self.config.model_type} model, which has no TF masked-LM "
+                "class in transformers, so it cannot be pretrained further here; pass a masked "
+                "LM: roberta, bert, xlm-roberta, modernbert, or another family with a TF masked-LM "
+                "class in transformers 4.57 (albert, camembert, deberta-v2, distilbert, ...)."
             )
         architecture.apply_overrides(self.config, config_overrides)
         self.config._name_or_path = name  # as given: what run_settings.json records

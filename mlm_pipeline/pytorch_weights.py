@@ -97,7 +97,15 @@ def stored_names(pt_name):
 # The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
 # and checks against the TF model. The name mapping is generic, but a type joins this list
 # only once that test covers it.
-PYTORCH_EXPORT_MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
+PYTORCH_EXPORT_MODEL_TYPES = (
+    "roberta",
+    "roberta-prelayernorm",
+    "bert",
+    "xlm-roberta",
+    "modernbert",
+)
+# Of those, the ones whose TF class unties its decoder when the config says so (written here).
+UNTIED_DECODER_MODEL_TYPES = ("modernbert",)
 
 
 def check_pytorch_export(config):
@@ -111,7 +119,7 @@ def check_pytorch_export(config):
         )
     # a published RoBERTa whose pad id is not 1 (run_mlm.py's own configs were checked already)
     check_padding_index(config.model_type, config.pad_token_id, remedy="pass --no_pytorch_export")
-    if not config.tie_word_embeddings:
+    if not config.tie_word_embeddings and config.model_type not in UNTIED_DECODER_MODEL_TYPES:
         raise UsageError(
             "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share "
             "the word embeddings with the LM head whatever it says, and a PyTorch model built "

@@ -2,7 +2,7 @@
 
 Both directions go through the files the pipeline reads and writes: PyTorch models made and saved
 by transformers 5 are read with pytorch_weights.assign_pytorch_weights(); TF models from random
-weights are written with pytorch_export.pytorch_state_dict() and loaded by transformers 5. One
+weights are written with pytorch_weights.pytorch_state_dict() and loaded by transformers 5. One
 subprocess in .venv-transformers5 (tests/transformers5_modernbert.py) does all the PyTorch work.
 
 The tiny configs have global and local layers, sequences three times the local window, RoPE bases
@@ -120,15 +120,15 @@ def random_tf_model(name, kind, seed):
 
 
 def write_pytorch_folder(model, folder):
-    """What pytorch_export.write_pytorch_copy() writes, less the tokenizer."""
+    """What pytorch_weights.write_pytorch_copy() writes, less the tokenizer."""
     from safetensors.numpy import save_file
 
-    from mlm_pipeline import pytorch_export
+    from mlm_pipeline import pytorch_weights
 
     folder.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(str(folder))
     save_file(
-        pytorch_export.pytorch_state_dict(model),
+        pytorch_weights.pytorch_state_dict(model),
         str(folder / "model.safetensors"),
         metadata={"format": "pt"},
     )
@@ -222,7 +222,7 @@ def imported_model(kind, folder):
         TFAutoModelForSequenceClassification,
     )
 
-    from mlm_pipeline import pytorch_export, pytorch_weights
+    from mlm_pipeline import pytorch_weights
 
     auto_class = {
         "masked_lm": TFAutoModelForMaskedLM,
@@ -236,7 +236,7 @@ def imported_model(kind, folder):
     from safetensors import safe_open
 
     with safe_open(files[0], framework="numpy") as file:
-        assert sorted(file.keys()) == sorted(pytorch_export.pytorch_state_dict(model))
+        assert sorted(file.keys()) == sorted(pytorch_weights.pytorch_state_dict(model))
     return model
 
 
@@ -345,13 +345,13 @@ def test_exported_model_loads_in_transformers5(name, kind, transformers5, export
 def test_tied_decoder_owns_only_its_bias(exported):
     """The tied masked LM's weights under PyTorch names are what PyTorch's save_pretrained writes:
     the embeddings once, decoder.bias, no decoder.weight; the untied one has its own."""
-    from mlm_pipeline import pytorch_export
+    from mlm_pipeline import pytorch_weights
 
-    tied = pytorch_export.pytorch_state_dict(exported["biases", "masked_lm"][0])
+    tied = pytorch_weights.pytorch_state_dict(exported["biases", "masked_lm"][0])
     assert "decoder.bias" in tied and "decoder.weight" not in tied
     assert "model.layers.0.attn_norm.weight" not in tied  # an Identity in PyTorch
     assert tied["model.layers.1.attn.Wqkv.weight"].shape == (96, 32)  # torch's (out, in)
-    untied = pytorch_export.pytorch_state_dict(exported["no_biases", "masked_lm"][0])
+    untied = pytorch_weights.pytorch_state_dict(exported["no_biases", "masked_lm"][0])
     assert untied["decoder.weight"].shape == (61, 32) and "decoder.bias" not in untied
     assert not [name for name in untied if name.endswith(".bias")]
 
@@ -463,7 +463,7 @@ def test_transformers5_config_reads_right_in_transformers457(transformers5):
 def test_transformers457_config_reads_right_in_transformers5(
     transformers5, exported, config_folders
 ):
-    """What the TF side writes (a model's config.save_pretrained(), as pytorch_export.py does; a
+    """What the TF side writes (a model's config.save_pretrained(), as pytorch_weights.py does; a
     ModernBertConfig of 4.57's fields alone; save_transformers5_config() of a config with stale
     4.57 fields) means the same to transformers 5."""
     from transformers import ModernBertConfig

@@ -28,7 +28,13 @@ INSTALL_HINT = (
     "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
 )
 
-MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta")
+MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta", "modernbert")
+# ModernBERT (written here in TF) with global and local layers both, its window of 8 tokens shorter
+# than the shards' sequences, so the copy is held to both kinds of attention.
+MODERNBERT_MODEL = (
+    "hidden_size=32,num_hidden_layers=4,num_attention_heads=2,intermediate_size=64,"
+    "global_attn_every_n_layers=3,local_attention=8,local_rope_theta=1000"
+)
 # Padded to the longest, so the comparison also covers padding (RoBERTa
 # numbers positions around it).
 SENTENCES = [
@@ -72,7 +78,10 @@ def trained(shards_dir, tokenizer_dir, tmp_path_factory):
     models = {}
     for model_type in MODEL_TYPES:
         output_dir = tmp_path_factory.mktemp(model_type)
-        extra = ["--config_overrides", TINY_MODEL]
+        extra = [
+            "--config_overrides",
+            MODERNBERT_MODEL if model_type == "modernbert" else TINY_MODEL,
+        ]
         if model_type != "roberta":  # RoBERTa is run_mlm.py's default
             extra += ["--pretrained_model_config", config_file(configs, model_type)]
         trainer, _ = train(shards_dir, tokenizer_dir, output_dir, *extra)
