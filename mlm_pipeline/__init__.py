@@ -17,6 +17,8 @@ against the imports.
     tf_startup         1 2 3 4  TensorFlow's start-up log, held back unless start-up fails
     storage            1 2 3 4  local or gs:// output folders, checked before any work (a
                                 short-lived probe); files written whole, folders published
+    gcs_probe          1 2 3 4  the gs:// paths looked up, and an output's written to, in the
+                                short-lived child process storage.py starts
     contract           1 2 3 4  the files the steps hand on: names, manifest keys, the record
                                 feature, loading the tokenizer
     corpus             1 2      local or gs:// corpus files, one or a glob: plain text, JSON lines,
