@@ -27,13 +27,12 @@ against the imports.
     hub                1   3 4  Hub repositories and one-commit pushes over HTTP, failures in one
                                 line
     cards              1   3 4  what every README.md card shares: the metadata block, folders
-                                named without local paths
-    tokenizer_card     1        train_unigram.py's card of the tokenizer it trains
+                                named without local paths; train_unigram.py's tokenizer card
     packing              2      the bytes of the shards: tokenize, pack, tf.train.Example records,
                                 TFRecords
-    split_manifest       2      a finished split's manifest.json, built from what each block gave
-    split_folder         2      a split's folder while it is written: checks, clean-up, its
-                                manifest last
+    split_folder         2      a split's folder while it is written (checks, clean-up, its
+                                manifest last) and its manifest.json, built from what each block
+                                gave
     beam_pipeline        2      the step on Apache Beam: the pipeline graph, what its workers run,
                                 and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,

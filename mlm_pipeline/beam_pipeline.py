@@ -69,7 +69,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import corpus, packing, split_folder, split_manifest, storage
+from . import corpus, packing, split_folder, storage
 from .contract import MANIFEST_NAME, TOKENIZER_FILE
 from .errors import UsageError
 
@@ -87,7 +87,7 @@ def build(
     packing_text,
 ):
     """The pipeline's steps, from the input files to manifest.json. `tokenizer` is the
-    WorkerTokenizer every worker loads; `settings` are the split's (split_manifest.split_settings);
+    WorkerTokenizer every worker loads; `settings` are the split's (split_folder.split_settings);
     `text_column` is the column read from JSON lines, CSV and Parquet files."""
     rows_per_block = settings["rows_per_block"]
     pack = PackBlock(
@@ -306,7 +306,7 @@ def load_backend(tokenizer):
     else:
         backend = Tokenizer.from_pretrained(name)
     backend = packing.batch_backend(backend, tokenizer.split_special_tokens)
-    if split_manifest.tokenizer_fingerprint(backend) != tokenizer.fingerprint:
+    if split_folder.tokenizer_fingerprint(backend) != tokenizer.fingerprint:
         raise UsageError(
             f"the tokenizer {name} that a worker loaded differs from the one the launcher loaded; "
             "make sure nothing rewrites it while the pipeline runs."
@@ -318,9 +318,9 @@ def write_manifest(packed, split_dir, settings, packing_text):
     """All blocks' (summary, rows) -> manifest.json, written last and whole, once the staged
     blocks are removed: a finished split holds none."""
     summaries, rows = [summary for summary, _ in packed], sum(rows for _, rows in packed)
-    manifest = split_manifest.split_manifest(summaries, rows, settings, packing_text)
+    manifest = split_folder.split_manifest(summaries, rows, settings, packing_text)
     remove_staged(split_dir)
-    write_whole(f"{split_dir}/{MANIFEST_NAME}", split_manifest.manifest_text(manifest).encode())
+    write_whole(f"{split_dir}/{MANIFEST_NAME}", split_folder.manifest_text(manifest).encode())
 
 
 # Files, local or gs://, through Beam's file systems (the workers have no TensorFlow)
