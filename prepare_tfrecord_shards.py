@@ -51,7 +51,6 @@ from mlm_pipeline import (
     hub_datasets,
     packing,
     split_folder,
-    split_manifest,
     storage,
 )
 from mlm_pipeline.errors import (
@@ -409,9 +408,9 @@ def write_split(args, files, tokenizer, settings, split_dir):
     try:
         blocks = write_blocks(token_id_batches(batches, tokenizer, args.num_proc), writer, args)
         # Built, and a split without a single sequence refused, before the folder is cleared.
-        manifest = split_manifest.split_manifest(blocks, tally["rows"], settings, PACKING)
+        manifest = split_folder.split_manifest(blocks, tally["rows"], settings, PACKING)
         writer.start()
-        split_folder.write_manifest(split_dir, split_manifest.manifest_text(manifest))
+        split_folder.write_manifest(split_dir, split_folder.manifest_text(manifest))
     except BaseException:
         writer.discard()
         raise
@@ -467,7 +466,7 @@ def main(args):
         import tensorflow as tf
 
         tf.config.list_physical_devices()  # looking for devices logs too (cuInit)
-    settings = split_manifest.split_settings(
+    settings = split_folder.split_settings(
         tokenizer,
         tokenizer_name=args.tokenizer_name_or_path,
         split=args.split,
@@ -486,7 +485,7 @@ def main(args):
             f"could not write the {args.split} split to {split_dir}: {first_line(error)}; "
             "check that --output_dir is writable and has room."
         ) from None
-    split_manifest.print_summary(manifest, split_dir)
+    split_folder.print_summary(manifest, split_dir)
     return manifest
 
 

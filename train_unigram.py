@@ -29,7 +29,7 @@ import itertools
 import json
 import os
 
-from mlm_pipeline import contract, corpus, hub, hub_datasets, storage, tokenizer_card
+from mlm_pipeline import cards, contract, corpus, hub, hub_datasets, storage
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
@@ -332,7 +332,7 @@ def main(args):
     learned = f"learned from {counts['texts']} non-blank of {counts['rows']} rows"
     print(f"Saved the tokenizer ({len(tokenizer)} tokens), {learned}, to {args.output_dir}")
     if repo_id is not None:
-        card = tokenizer_card.tokenizer_card(repo_id, tokenizer, SPECIAL_TOKENS, source, counts)
+        card = cards.tokenizer_card(repo_id, tokenizer, SPECIAL_TOKENS, source, counts)
         message = f"Unigram tokenizer, {len(tokenizer)} tokens"
         commit = hub.push_folder_files(
             repo_id, args.output_dir, names, card, message, what="the tokenizer"

@@ -17,6 +17,8 @@ against the imports.
     tf_startup         1 2 3 4  TensorFlow's start-up log, held back unless start-up fails
     storage            1 2 3 4  local or gs:// output folders, checked before any work (a
                                 short-lived probe); files written whole, folders published
+    gcs_probe          1 2 3 4  the gs:// paths looked up, and an output's written to, in the
+                                short-lived child process storage.py starts
     contract           1 2 3 4  the files the steps hand on: names, manifest keys, the record
                                 feature, loading the tokenizer
     corpus             1 2      local or gs:// corpus files, one or a glob: plain text, JSON lines,
@@ -25,13 +27,12 @@ against the imports.
     hub                1   3 4  Hub repositories and one-commit pushes over HTTP, failures in one
                                 line
     cards              1   3 4  what every README.md card shares: the metadata block, folders
-                                named without local paths
-    tokenizer_card     1        train_unigram.py's card of the tokenizer it trains
+                                named without local paths; train_unigram.py's tokenizer card
     packing              2      the bytes of the shards: tokenize, pack, tf.train.Example records,
                                 TFRecords
-    split_manifest       2      a finished split's manifest.json, built from what each block gave
-    split_folder         2      a split's folder while it is written: checks, clean-up, its
-                                manifest last
+    split_folder         2      a split's folder while it is written (checks, clean-up, its
+                                manifest last) and its manifest.json, built from what each block
+                                gave
     beam_pipeline        2      the step on Apache Beam: the pipeline graph, what its workers run,
                                 and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,

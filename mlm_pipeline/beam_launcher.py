@@ -14,7 +14,7 @@ import logging
 import os
 import re
 
-from . import split_manifest
+from . import split_folder
 from .errors import UsageError
 from .storage import is_local_path
 from .tf_startup import stderr_held_back
@@ -114,7 +114,7 @@ def worker_tokenizer(name, *, backend, split_special_tokens):
     refused before any work."""
     from . import beam_pipeline
 
-    fingerprint = split_manifest.tokenizer_fingerprint(backend)
+    fingerprint = split_folder.tokenizer_fingerprint(backend)
     tokenizer = beam_pipeline.WorkerTokenizer(name, split_special_tokens, fingerprint)
     beam_pipeline.load_backend(tokenizer)
     return tokenizer

@@ -58,6 +58,7 @@ in beam_launcher.py.
 """
 
 import contextlib
+import enum
 import itertools
 import json
 import os
@@ -68,7 +69,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from . import corpus, packing, split_folder, split_manifest, storage
+from . import corpus, packing, split_folder, storage
 from .contract import MANIFEST_NAME, TOKENIZER_FILE
 from .errors import UsageError
 
@@ -86,7 +87,7 @@ def build(
     packing_text,
 ):
     """The pipeline's steps, from the input files to manifest.json. `tokenizer` is the
-    WorkerTokenizer every worker loads; `settings` are the split's (split_manifest.split_settings);
+    WorkerTokenizer every worker loads; `settings` are the split's (split_folder.split_settings);
     `text_column` is the column read from JSON lines, CSV and Parquet files."""
     rows_per_block = settings["rows_per_block"]
     pack = PackBlock(
@@ -112,30 +113,40 @@ def build(
     )
 
 
+class Reading(enum.Enum):
+    """The three ways the packing step reads a block, one for each kind of input file."""
+
+    BYTE_RANGE = "a byte range of an uncompressed plain text file, from its first line's offset"
+    STAGED = "the block's staged file, for a file that cannot be entered midway"
+    ROW_GROUP = "a Parquet file, from the row group that holds the block's first row"
+
+
 class FileIndex(NamedTuple):
-    """What the index step found of one input file: its number in the split, its path, its rows, and
-    for each of its blocks where the packing step reads it: `starts`, a byte offset in a plain text
-    file (None elsewhere); `staged`, the staged file of a block of a file that cannot be entered
-    midway (None elsewhere). Neither: a Parquet file's block."""
+    """What the index step found of one input file: its number in the split, its path, its rows,
+    how its blocks are read, and where each of them is (`places`, one a block): a byte offset
+    (Reading.BYTE_RANGE), a staged file (Reading.STAGED), or None (Reading.ROW_GROUP: the block's
+    first row is where)."""
 
     number: int
     path: str
     rows: int
-    starts: list
-    staged: list
+    reading: Reading
+    places: list
 
 
 class Block(NamedTuple):
-    """Where one block lies: its number, its file, its byte range in a plain text file (end None: to
-    the file's end; start None: not plain text), the number of its first row in the file (from 1),
-    how many rows it has, and its staged file (None: it is read from the input file itself)."""
+    """One block: its number, its file, the number of its first row in the file (from 1), how many
+    rows it has, how it is read, and what that reading needs: `start` and `end`, its bytes in the
+    file (Reading.BYTE_RANGE; end None: to the file's end), or `staged`, its staged file
+    (Reading.STAGED)."""
 
     block: int
     path: str
-    start: Optional[int]
-    end: Optional[int]
     first_line: int
     rows: int
+    reading: Reading
+    start: Optional[int] = None
+    end: Optional[int] = None
     staged: Optional[str] = None
 
 
@@ -148,14 +159,13 @@ def index_file(numbered_file, rows_per_block, text_column, split_dir, limit):
         corpus.check_text_column(text_column, ["text"], source=path)
         with open_input(path) as file:
             starts, lines = block_starts(file, rows_per_block)
-        return FileIndex(number, path, lines, starts, [None] * len(starts))
+        return FileIndex(number, path, lines, Reading.BYTE_RANGE, starts)
     if kind == "parquet":
         with corpus.errors_named(path), open_input(path) as raw:
             rows = corpus.parquet_file(raw, path, text_column).metadata.num_rows
-        blocks = -(-rows // rows_per_block)
-        return FileIndex(number, path, rows, [None] * blocks, [None] * blocks)
+        return FileIndex(number, path, rows, Reading.ROW_GROUP, [None] * -(-rows // rows_per_block))
     rows, staged = stage_blocks(numbered_file, rows_per_block, text_column, split_dir, limit)
-    return FileIndex(number, path, rows, [None] * len(staged), staged)
+    return FileIndex(number, path, rows, Reading.STAGED, staged)
 
 
 def stage_blocks(numbered_file, rows_per_block, text_column, split_dir, limit):
@@ -211,17 +221,21 @@ def number_blocks(indexes, rows_per_block, limit):
     """Every Block of every file, numbered in file order. Past --limit rows, blocks are cut short,
     then left out."""
     block, rows_before = 0, 0
-    for index in sorted(indexes):
-        for number, (start, staged) in enumerate(zip(index.starts, index.staged)):
+    for index in sorted(indexes, key=lambda index: index.number):
+        for number, place in enumerate(index.places):
             rows = min(rows_per_block, index.rows - number * rows_per_block)
             if limit is not None:
                 rows = min(rows, limit - rows_before)
                 if rows <= 0:
                     return
-            has_next = start is not None and number + 1 < len(index.starts)
-            end = index.starts[number + 1] if has_next else None
             first_line = number * rows_per_block + 1
-            yield Block(block, index.path, start, end, first_line, rows, staged)
+            where = {}
+            if index.reading is Reading.BYTE_RANGE:  # to the next block's start, or the file's end
+                following = index.places[number + 1 : number + 2]
+                where = {"start": place, "end": following[0] if following else None}
+            elif index.reading is Reading.STAGED:
+                where = {"staged": place}
+            yield Block(block, index.path, first_line, rows, index.reading, **where)
             block, rows_before = block + 1, rows_before + rows
 
 
@@ -266,19 +280,18 @@ class PackBlock(beam.DoFn):
 
     def block_rows(self, block):
         """The texts of the block's rows, read as the single process reads them."""
-        if block.staged is not None:
+        if block.reading is Reading.STAGED:
             yield from itertools.islice(staged_rows(block.staged), block.rows)
-            return
-        if block.start is None:  # Parquet: from the row group that holds the block's first row
+        elif block.reading is Reading.ROW_GROUP:  # corpus skips to the row group of the first row
             skip = block.first_line - 1
             rows = corpus.file_rows(block.path, self.text_column, open_input, skip=skip)
             with contextlib.closing(rows):
                 yield from itertools.islice(rows, block.rows)
-            return
-        with open_input(block.path) as file:
-            text = ByteRange(file, block.start, block.end)
-            lines = corpus.text_lines(text, block.path, block.first_line)
-            yield from itertools.islice(lines, block.rows)
+        else:  # Reading.BYTE_RANGE
+            with open_input(block.path) as file:
+                text = ByteRange(file, block.start, block.end)
+                lines = corpus.text_lines(text, block.path, block.first_line)
+                yield from itertools.islice(lines, block.rows)
 
 
 def load_backend(tokenizer):
@@ -293,7 +306,7 @@ def load_backend(tokenizer):
     else:
         backend = Tokenizer.from_pretrained(name)
     backend = packing.batch_backend(backend, tokenizer.split_special_tokens)
-    if split_manifest.tokenizer_fingerprint(backend) != tokenizer.fingerprint:
+    if split_folder.tokenizer_fingerprint(backend) != tokenizer.fingerprint:
         raise UsageError(
             f"the tokenizer {name} that a worker loaded differs from the one the launcher loaded; "
             "make sure nothing rewrites it while the pipeline runs."
@@ -305,9 +318,9 @@ def write_manifest(packed, split_dir, settings, packing_text):
     """All blocks' (summary, rows) -> manifest.json, written last and whole, once the staged
     blocks are removed: a finished split holds none."""
     summaries, rows = [summary for summary, _ in packed], sum(rows for _, rows in packed)
-    manifest = split_manifest.split_manifest(summaries, rows, settings, packing_text)
+    manifest = split_folder.split_manifest(summaries, rows, settings, packing_text)
     remove_staged(split_dir)
-    write_whole(f"{split_dir}/{MANIFEST_NAME}", split_manifest.manifest_text(manifest).encode())
+    write_whole(f"{split_dir}/{MANIFEST_NAME}", split_folder.manifest_text(manifest).encode())
 
 
 # Files, local or gs://, through Beam's file systems (the workers have no TensorFlow)

@@ -1,5 +1,7 @@
 """What every README.md card the pipeline writes shares (the tokenizer's, the model's, the
-classifier's): the metadata block at the top, and how a card names the folders a run used.
+classifier's): the metadata block at the top, and how a card names the folders a run used; and
+train_unigram.py's card of the tokenizer it trains, the shortest of them (run_mlm.py's is in
+model_card.py, run_classifier.py's in classifier_folder.py).
 
 The metadata block (library, pipeline, tags) is written by huggingface_hub's ModelCardData, so it is
 the YAML the Hub reads. A card is meant to be public, so the data, the tokenizer and the output
@@ -36,3 +38,34 @@ def metadata_block(**fields):
     from huggingface_hub import ModelCardData
 
     return f"---\n{ModelCardData(**fields).to_yaml()}\n---"
+
+
+def tokenizer_card(repo_id, tokenizer, special_tokens, source, counts):
+    """A short README.md for a tokenizer trained by train_unigram.py on `source` (`counts`: rows
+    and texts read)."""
+    special = ", ".join(
+        f"`{token}` ({tokenizer.convert_tokens_to_ids(token)})" for token in special_tokens
+    )
+    return "\n".join(
+        [
+            metadata_block(library_name="transformers", tags=["tokenizer", "unigram"]),
+            "",
+            f"# {repo_id}",
+            "",
+            f"A Unigram tokenizer of {len(tokenizer):,} tokens, trained from scratch with 🤗 "
+            f"tokenizers by `train_unigram.py` on {public_name(source)} ({counts['texts']:,} "
+            f"non-blank texts of {counts['rows']:,} rows), for masked-language-model pretraining.",
+            "",
+            "Text is NFKC-normalized and stripped, split at spaces by a Metaspace pre-tokenizer "
+            "(`▁` marks the start of a word), and each text becomes `[CLS] tokens [SEP]`. Special "
+            f"tokens (ids): {special}; `[MASK]` absorbs the space before it, as the word it stands "
+            "for does.",
+            "",
+            "```python",
+            "from transformers import AutoTokenizer",
+            "",
+            f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")',
+            "```",
+            "",
+        ]
+    )

@@ -1,10 +1,10 @@
 """Where the pipeline writes: a local folder or a gs:// prefix, checked before any work.
 
 A local --output_dir that cannot be created or written is refused at once. A gs:// path is looked up
-by `check_gcs_paths()` in a short-lived child process, so that no network, no access or a missing
-bucket is one line within a minute instead of TensorFlow's minutes of retries ending in a libcurl
-code; an output prefix is also written to and deleted from there, so that an account that may read
-but not write is refused before hours of training rather than at the first checkpoint.
+by `check_gcs_paths()` in a short-lived child process (gcs_probe.py), so that no network, no access
+or a missing bucket is one line within a minute instead of TensorFlow's minutes of retries ending in
+a libcurl code; an output prefix is also written to and deleted from there, so that an account that
+may read but not write is refused before hours of training rather than at the first checkpoint.
 
 Every file the steps hand on is written so that it is never seen half-written: one file through
 `write_then_rename()` (a temporary name, then a rename), the files a library saves through
@@ -21,7 +21,11 @@ import subprocess
 import sys
 import tempfile
 
+from . import gcs_probe
 from .errors import UsageError
+
+# the folder that holds this package: the probe's child process imports it from there
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def is_remote(path):
@@ -146,45 +150,6 @@ def check_local_output_dir(output_dir, flag="--output_dir"):
 GCS_PROBE_SECONDS = 60
 # the object written and deleted under an output prefix; dotted, as scratch
 WRITE_PROBE_PREFIX = ".write-check-"
-# Run by a child process: report the first gs:// path that TensorFlow cannot look up, or whose
-# bucket does not exist (TensorFlow's makedirs() asks about a missing bucket again and again,
-# without end), or, for an output (argv: the paths, each with "r:" or "w:" before it), that refuses
-# a small object to be written or deleted under it. The object's name is unique (several workers of
-# one run probe the same prefix at once) and it is deleted at once: a checkpoint rotation and every
-# rewritten log need delete as much as create. Reading a bucket's own metadata takes a right that
-# reading and writing its objects does not: if that is refused, the bucket is taken to exist.
-GCS_PROBE_CODE = """
-import json, sys, uuid
-import tensorflow as tf
-def report(path, step, error, message, left=None):
-    fields = {"path": path, "step": step, "error": error, "message": message}
-    print(json.dumps({**fields, "left": left}))
-    sys.exit()
-for mode, path in (argument.split(":", 1) for argument in sys.argv[2:]):
-    try:
-        tf.io.gfile.exists(path)
-    except tf.errors.OpError as error:
-        report(path, "read", type(error).__name__, str(error))
-    bucket = "/".join(path.split("/")[:3])
-    try:
-        if not tf.io.gfile.exists(bucket):
-            report(path, "read", "NoSuchBucket", bucket)
-    except tf.errors.OpError:
-        pass
-    if mode != "w":
-        continue
-    probe = path.rstrip("/") + "/" + sys.argv[1] + uuid.uuid4().hex
-    try:
-        # uploaded on close: an error must surface here, not in __del__
-        with tf.io.gfile.GFile(probe, "w") as file:
-            file.write("write check")
-    except tf.errors.OpError as error:
-        report(path, "create", type(error).__name__, str(error))
-    try:
-        tf.io.gfile.remove(probe)
-    except tf.errors.OpError as error:
-        report(path, "delete", type(error).__name__, str(error), probe)
-"""
 GCS_PROBE_ENV = {
     # A few quick retries and short timeouts instead of TensorFlow's minutes of them, for the probe.
     "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
@@ -220,11 +185,12 @@ def check_gcs_paths(paths, writable=()):
         return
     first = next(iter(flags))
     modes = [("w:" if flags[path] in writable else "r:") + path for path in flags]
-    command = [sys.executable, "-c", GCS_PROBE_CODE, WRITE_PROBE_PREFIX, *modes]
+    command = [sys.executable, "-m", gcs_probe.__name__, WRITE_PROBE_PREFIX, *modes]
+    python_path = os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
     try:
         probe = subprocess.run(
             command,
-            env={**os.environ, **GCS_PROBE_ENV},
+            env={**os.environ, **GCS_PROBE_ENV, "PYTHONPATH": python_path},
             capture_output=True,
             text=True,
             timeout=GCS_PROBE_SECONDS,

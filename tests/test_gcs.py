@@ -25,7 +25,7 @@ from helpers import (
     subprocess_env,
 )
 
-from mlm_pipeline import contract
+from mlm_pipeline import contract, gcs_probe, storage
 
 BUCKET = "test-bucket"
 BATCH_SIZE = 32  # few steps to an epoch, so the run crosses an epoch end soon
@@ -413,3 +413,58 @@ def test_unigram_refuses_a_gcs_output_instead_of_writing_a_local_gs_folder(corpu
     result = run_command("train_unigram.py", *args, cwd=tmp_path, timeout=120)
     refused_in_one_line(result, "train_unigram.py", f"--output_dir {output_dir}", "local")
     assert list(tmp_path.iterdir()) == []
+
+
+# The probe itself (mlm_pipeline/gcs_probe.py), imported and run here on local paths, which
+# TensorFlow's file system takes as it takes gs:// ones: what it prints is what storage.py reads.
+# For a local path the probe's "bucket" is the path's first two folders.
+
+
+def test_the_probe_passes_a_writable_folder_and_leaves_no_object_there(tmp_path, capsys):
+    gcs_probe.main([storage.WRITE_PROBE_PREFIX, f"r:{tmp_path}", f"w:{tmp_path}"])
+    assert capsys.readouterr().out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_probe_reports_the_first_output_that_takes_no_object_in_one_json_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    unwritable = f"{blocker}/run"
+    paths = [f"w:{tmp_path}", f"w:{unwritable}", "r:/no-such-folder/at-all/run"]
+    gcs_probe.main([storage.WRITE_PROBE_PREFIX, *paths])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines  # the probe stops at the first failure
+    failure = json.loads(lines[0])
+    assert failure["path"] == unwritable and failure["step"] == "create", failure
+    assert failure["error"].endswith("Error") and failure["left"] is None, failure
+    error = str(storage.probe_failure(failure, "--output_dir"))
+    assert error.startswith(f"--output_dir {unwritable}: writing a test object there failed (")
+
+
+def test_the_probe_names_a_missing_bucket(capsys):
+    gcs_probe.main([storage.WRITE_PROBE_PREFIX, "r:/no-such-folder/at-all/run"])
+    failure = json.loads(capsys.readouterr().out)
+    assert failure["step"] == "read" and failure["error"] == "NoSuchBucket", failure
+    error = str(storage.probe_failure(failure, "--train_dataset"))
+    assert "the bucket /no-such-folder/at-all does not exist" in error
+
+
+def test_the_probe_names_the_object_a_refused_delete_left(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    def refuse(path):
+        raise tf.errors.PermissionDeniedError(None, None, "403 Forbidden")
+
+    monkeypatch.setattr(tf.io.gfile, "remove", refuse)
+    failure = gcs_probe.first_failure([f"w:{tmp_path}"], storage.WRITE_PROBE_PREFIX)
+    [left] = tmp_path.iterdir()
+    assert left.name.startswith(storage.WRITE_PROBE_PREFIX)
+    assert failure == {
+        "path": str(tmp_path),
+        "step": "delete",
+        "error": "PermissionDeniedError",
+        "message": "403 Forbidden",
+        "left": str(left),
+    }
+    error = str(storage.probe_failure(failure, "--output_dir"))
+    assert "refused to delete it (403 Forbidden)" in error and error.endswith(f"remove {left}.")
