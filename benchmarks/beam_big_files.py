@@ -17,7 +17,6 @@ grows with K; a file read once keeps it flat. Every file's shards must be the pl
 for byte (manifest.json but the path it names as the source).
 """
 
-import argparse
 import gzip
 import importlib.util
 import json
@@ -29,15 +28,18 @@ import tempfile
 from pathlib import Path
 
 from corpus_formats import shards  # the split's files, its manifest without the source
-from machine import describe_machine, load_average, markdown_table
+from machine import check_paths_exist, describe_machine, load_average, markdown_table
 from prepare_shards import measured_run
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # mlm_pipeline/
+from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error  # noqa: E402
+
 FORMATS = ["jsonl.gz", "jsonl.zst"]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[1])
     parser.add_argument("--train_file", required=True, help="A text corpus, one document a line.")
     parser.add_argument(
         "--tokenizer", required=True, help="Tokenizer folder (train_unigram.py's --output_dir)."
@@ -113,8 +115,9 @@ def run_prepare(args, path, rows_per_block, output_dir):
 
 
 def main(args):
+    check_paths_exist(args, "train_file", "tokenizer")
     if importlib.util.find_spec("apache_beam") is None:
-        sys.exit(
+        raise UsageError(
             "this benchmark runs Apache Beam, which is not installed: pip install -r "
             "requirements-beam.txt"
         )
@@ -178,4 +181,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "beam_big_files.py")

@@ -38,13 +38,14 @@ from machine import (
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_classifier.py's folder
 import run_classifier  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error  # noqa: E402
 from mlm_pipeline.pretrained_model import PretrainedModel  # noqa: E402
 
 VARIANTS = {"one length (--pad_to_max_length)": ["--pad_to_max_length"], "length buckets": []}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -95,7 +96,7 @@ def run_variant(args, variant, output_dir):
         tf_keras.backend.clear_session()
     timed = clock.seconds[args.warmup_steps :]
     if not timed:
-        raise SystemExit(f"--limit {args.limit} gives no steps past --warmup_steps: raise --limit")
+        raise UsageError(f"--limit {args.limit} gives no steps past --warmup_steps: raise --limit")
     return len(timed) * args.batch_size / sum(timed)
 
 
@@ -132,4 +133,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "classifier_speed.py")

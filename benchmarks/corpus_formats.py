@@ -14,22 +14,24 @@ pattern it names as the source). Memory that stays flat as the corpus grows show
 table: each format's peak at the largest corpus over its peak at the smallest.
 """
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from machine import describe_machine, load_average, markdown_table
+from machine import check_paths_exist, describe_machine, load_average, markdown_table
 from prepare_shards import measured_run
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # mlm_pipeline/
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
+
 FORMATS = ["txt", "jsonl.gz", "json.zst", "parquet"]
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[1])
     parser.add_argument("--train_file", required=True, help="A text corpus, one document a line.")
     parser.add_argument(
         "--tokenizer", required=True, help="Tokenizer folder (train_unigram.py's --output_dir)."
@@ -114,6 +116,7 @@ def run_prepare(args, pattern, rows_per_block, output_dir):
 
 
 def main(args):
+    check_paths_exist(args, "train_file", "tokenizer")
     args.train_file, args.tokenizer = map(os.path.abspath, (args.train_file, args.tokenizer))
     args.scales = sorted(set(args.scales))
     formats = ["txt", *[name for name in dict.fromkeys(args.formats) if name != "txt"]]
@@ -174,4 +177,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "corpus_formats.py")

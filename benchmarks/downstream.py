@@ -37,10 +37,11 @@ sys.path.insert(0, str(REPO))  # the package lives at the repository root
 from machine import describe_machine, labelled_tsv_splits, markdown_table  # noqa: E402
 
 from mlm_pipeline import tf_startup, training_logs  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -206,4 +207,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "downstream.py")

@@ -80,6 +80,16 @@ def labelled_tsv_splits(train_file, validation_file, limit=None):
     )
 
 
+def check_paths_exist(args, *flags):
+    """Refuse a missing input file or folder in one line, as the step scripts do (UsageError)."""
+    from mlm_pipeline.errors import UsageError
+
+    for flag in flags:
+        path = getattr(args, flag)
+        if not os.path.exists(path):
+            raise UsageError(f"--{flag} {path} does not exist; check the path.")
+
+
 def step_clock():
     """A Keras callback that keeps each training step's seconds in `.seconds`."""
     import tf_keras

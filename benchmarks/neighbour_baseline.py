@@ -14,7 +14,6 @@ that has learnt to read its neighbours should reach these figures; one still bel
 accuracy predicts from corpus frequencies alone.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -25,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine import describe_machine, markdown_table, shard_sequences  # noqa: E402
 
-from mlm_pipeline.errors import UsageError  # noqa: E402
+from mlm_pipeline import tf_startup  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
 
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv=None):
+    parser = OneLineErrorParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--train_dataset", required=True, help="A prepare_tfrecord_shards.py output folder."
     )
@@ -40,20 +40,20 @@ def parse_args():
     parser.add_argument(
         "--chunk", type=int, default=2048, help="Positions scored at once (memory: chunk x vocab)."
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main():
-    args = parse_args()
+def main(args):
     import numpy as np
 
     print(f"Machine: {describe_machine()}")
+    with tf_startup.tensorflow_startup_log_held_back():  # shown only if TensorFlow fails to start
+        import tensorflow as tf
 
-    try:
-        train, manifest = shard_sequences(args.train_dataset, "--train_dataset")
-        evaluation, _ = shard_sequences(args.eval_dataset, "--eval_dataset")
-    except UsageError as error:
-        sys.exit(f"error: {error}")
+        tf.config.list_physical_devices()  # the device probing that logs (cuInit without a GPU)
+
+    train, manifest = shard_sequences(args.train_dataset, "--train_dataset")
+    evaluation, _ = shard_sequences(args.eval_dataset, "--eval_dataset")
     vocab = manifest["vocab_size"]
     special = np.array(sorted(set(manifest["special_token_ids"].values())))
 
@@ -97,4 +97,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_usage_error(main, parse_args(), "neighbour_baseline.py")

@@ -30,7 +30,6 @@ two. Rounds (--rounds) run the ways of one corpus in rotating order; times are f
 fastest round, the least disturbed one, and memory the largest of the rounds.
 """
 
-import argparse
 import contextlib
 import filecmp
 import importlib.util
@@ -48,11 +47,19 @@ import timeit
 from pathlib import Path
 
 import psutil
-from machine import describe_machine, load_average, markdown_table, shard_sequences
+from machine import (
+    check_paths_exist,
+    describe_machine,
+    load_average,
+    markdown_table,
+    shard_sequences,
+)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # prepare_tfrecord_shards.py and mlm_pipeline/
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
+
 BEAM = ["--runner", "DirectRunner", "--direct_running_mode", "multi_processing"]
 PINNED = "beam 1 worker, pinned"
 WAYS = {  # name: (what it reads, its flags)
@@ -66,7 +73,7 @@ BEAM_WORKER = "apache_beam.runners.worker.sdk_worker_main"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[1])
     parser.add_argument("--train_file", required=True, help="A text corpus, one document a line.")
     parser.add_argument(
         "--tokenizer", required=True, help="Tokenizer folder (train_unigram.py's --output_dir)."
@@ -422,6 +429,7 @@ def run_tables(args, runs, sizes):
 
 
 def main(args):
+    check_paths_exist(args, "train_file", "tokenizer")
     args.train_file, args.tokenizer = map(os.path.abspath, (args.train_file, args.tokenizer))
     args.scales, args.ways = sorted(set(args.scales)), list(dict.fromkeys(args.ways))
     os.environ["TQDM_DISABLE"] = "1"  # no progress bars from prepare, in this process or its runs
@@ -445,4 +453,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "prepare_shards.py")

@@ -16,7 +16,6 @@ epoch-end evaluations stay in, as in a user's run). With --eval_every set to the
 the table is the budget-to-accuracy curve epoch by epoch.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from machine import describe_machine, markdown_table  # noqa: E402
 
 import run_mlm  # noqa: E402
 from mlm_pipeline import contract, hosts, shard_checks  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error  # noqa: E402
 
 THRESHOLDS = (0.10, 0.20, 0.30)
 
@@ -119,17 +119,18 @@ def first_reached(points, threshold):
     return next((point for point in points if point["mask_token_accuracy"] >= threshold), None)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv):
+    """argv: this script's flags, then after `--` run_mlm.py's."""
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--eval_every", type=int, default=250, help="Optimizer steps between evaluations."
     )
     parser.add_argument("--output_json", help="Write the curve here too.")
-    split = sys.argv.index("--") if "--" in sys.argv else len(sys.argv)
-    own, run_mlm_argv = parser.parse_args(sys.argv[1:split]), sys.argv[split + 1 :]
+    split = argv.index("--") if "--" in argv else len(argv)
+    own, run_mlm_argv = parser.parse_args(argv[:split]), argv[split + 1 :]
     args = run_mlm.parse_args(run_mlm_argv)
     if not args.eval_dataset:
-        parser.error("the curve is scored on --eval_dataset: pass it among run_mlm.py's flags.")
+        raise UsageError("the curve is scored on --eval_dataset: pass it among run_mlm.py's flags.")
     print(f"Machine: {describe_machine()}")
     print("Command: python run_mlm.py " + " ".join(run_mlm_argv), flush=True)
 
@@ -168,4 +169,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_usage_error(main, sys.argv[1:], "recipe_curve.py")

@@ -20,7 +20,6 @@ a possibly shared machine, beside the CPU time of this process (process_time: ev
 SentencePiece uses several); both libraries are imported before any clock starts.
 """
 
-import argparse
 import itertools
 import os
 import sys
@@ -32,6 +31,7 @@ from machine import describe_machine, load_average, markdown_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # train_unigram.py's folder
 import train_unigram  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
 
 SPACE_MARKER = "▁"
 LITERAL_UNK = "<unk>"  # WikiText's stand-in for a rare word
@@ -39,7 +39,7 @@ COLUMNS = ["tokens/word", "tokens/word, <unk> as one", "bare ▁", "bare ▁, <u
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[1])
     parser.add_argument("--train_file", required=True, help="Training text, one document per line.")
     parser.add_argument(
         "--validation_file", required=True, help="Held-out text, one document per line."
@@ -146,4 +146,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "tokenizer_efficiency.py")

@@ -26,7 +26,6 @@ mask, prefetch), set against the sequences per second of the fastest variant: fa
 never waits for data.
 """
 
-import argparse
 import contextlib
 import io
 import json
@@ -42,7 +41,8 @@ from machine import describe_machine, markdown_table, step_clock
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_mlm.py's folder
 import run_mlm  # noqa: E402
-from mlm_pipeline import contract, shard_checks  # noqa: E402
+from mlm_pipeline import contract, shard_checks, tf_startup  # noqa: E402
+from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
 
 TINY = "hidden_size=128,num_hidden_layers=2,num_attention_heads=2,intermediate_size=512"
 VARIANTS = {
@@ -54,7 +54,7 @@ VARIANTS = {
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train_dataset", required=True, help="A train split of shards.")
     parser.add_argument("--tokenizer", required=True, help="The tokenizer of those shards.")
     parser.add_argument(
@@ -155,9 +155,13 @@ def sequences_per_second(batches, count, batch_size):
 
 
 def main(args):
+    print(f"Machine: {describe_machine()}")
+    with tf_startup.tensorflow_startup_log_held_back():  # shown only if TensorFlow fails to start
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # the device probing that logs (cuInit without a GPU)
     import tf_keras
 
-    print(f"Machine: {describe_machine()}")
     ceiling = matmul_ceiling(args.ceiling_sizes)
     print(f"Matmul ceiling (TensorFlow, square float32 matmuls): {ceiling / 1e9:.0f} GFLOP/s")
     seconds, supplied = {variant: [] for variant in args.variants}, []
@@ -209,4 +213,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    exit_on_usage_error(main, parse_args(), "training_speed.py")

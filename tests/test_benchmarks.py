@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from refusals import refused
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
@@ -210,3 +211,27 @@ def test_benchmark_runs_at_its_smallest_setting(script, settings):
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-3000:]}"
     check(result.stdout)
+
+
+def run_benchmark(script, *args):
+    """A benchmark run as a user runs it, for refusals.refused."""
+    command = [sys.executable, str(BENCHMARKS / script), *map(str, args)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_downstream_refuses_a_training_file_that_is_not_utf8_in_one_line(tmp_path):
+    # run_classifier.py's own refusal, through the package's reader: a benchmark answers bad input
+    # as the step scripts do, one line and exit 1, not a traceback ending in the UsageError
+    train, validation = tmp_path / "train.tsv", tmp_path / "validation.tsv"
+    train.write_bytes("sentence\tlabel\nUn café au lait.\t1\n".encode("latin-1"))
+    validation.write_text("sentence\tlabel\nA cup of tea.\t0\n", encoding="utf-8")
+    args = ["--train_file", train, "--validation_file", validation, "--seeds", 0]
+    output_dir = tmp_path / "classifiers"
+    refused(
+        run_benchmark,
+        "downstream.py",
+        [*args, "--output_dir", output_dir],
+        output_dir,
+        f"--train_file {train} is not UTF-8 text",
+    )
