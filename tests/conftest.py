@@ -58,6 +58,7 @@ LONGEST_FILES = (
     "test_smoke.py",
     "test_multi_worker.py",
     "test_pytorch_export.py",
+    "test_modernbert.py",
     "test_prepare_shards.py",
     "test_run_classifier.py",
     "test_prepare_crash.py",
