@@ -573,6 +573,17 @@ class TFModernBertPreTrainedModel(TFPreTrainedModel):
     config_class = ModernBertConfig
     base_model_prefix = "model"
 
+    def encode(self, input_ids, attention_mask, inputs_embeds, output_hidden_states, training):
+        """The encoder's output as a ModelOutput, for the heads above it."""
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            training=training,
+        )
+
 
 class TFModernBertModel(TFModernBertPreTrainedModel):
     """The bare encoder; [0] of its output is the last hidden state. Its weights are named
@@ -637,13 +648,8 @@ class TFModernBertForMaskedLM(TFModernBertPreTrainedModel, TFMaskedLanguageModel
         return_dict=None,
         training=False,
     ):
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            training=training,
+        outputs = self.encode(
+            input_ids, attention_mask, inputs_embeds, output_hidden_states, training
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None if labels is None else self.hf_compute_loss(labels, logits)
@@ -690,13 +696,8 @@ class TFModernBertForSequenceClassification(
         return_dict=None,
         training=False,
     ):
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            training=training,
+        outputs = self.encode(
+            input_ids, attention_mask, inputs_embeds, output_hidden_states, training
         )
         hidden_states = outputs.last_hidden_state
         if self.config.classifier_pooling == "cls":

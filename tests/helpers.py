@@ -239,3 +239,22 @@ def dataset_files(cache):
     """The files a load left in the datasets cache but lock files (a stream takes a lock only)."""
     files = Path(cache).rglob("*")
     return sorted(path for path in files if path.is_file() and path.suffix != ".lock")
+
+
+def run_in_transformers5(python, script, request, report, what, hint):
+    """Run `script` (a tests/transformers5_*.py) with the transformers 5 virtualenv's `python` on
+    the JSON `request`; the test fails with the end of its stderr (and `hint`) if it fails, else
+    returns the JSON it wrote to `report`."""
+    result = subprocess.run(
+        [str(python), str(script), str(request), str(report)],
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if result.returncode != 0:
+        import pytest
+
+        pytest.fail(f"transformers 5 failed on {what} ({hint} if stale):\n{result.stderr[-3000:]}")
+    return json.loads(Path(report).read_text())

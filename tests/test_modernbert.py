@@ -12,11 +12,10 @@ an untied decoder, "mean" pooling and a layer pattern no period describes.
 """
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
-from helpers import REPO, subprocess_env
+from helpers import REPO, run_in_transformers5
 
 TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_modernbert.py"
@@ -200,17 +199,15 @@ def transformers5(transformers5_python, exported, config_folders, tmp_path_facto
     }
     request_path, report_path = root / "request.json", root / "report.json"
     request_path.write_text(json.dumps(request))
-    result = subprocess.run(
-        [str(transformers5_python), str(TRANSFORMERS5_SCRIPT), str(request_path), str(report_path)],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = run_in_transformers5(
+        transformers5_python,
+        TRANSFORMERS5_SCRIPT,
+        request_path,
+        report_path,
+        "ModernBERT",
+        INSTALL_HINT,
     )
-    if result.returncode != 0:
-        pytest.fail(f"transformers 5 failed ({INSTALL_HINT} if stale):\n{result.stderr[-3000:]}")
-    return json.loads(report_path.read_text()), built
+    return report, built
 
 
 def imported_model(kind, folder):

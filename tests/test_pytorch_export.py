@@ -10,12 +10,11 @@ requirements-export-test.txt) loads every folder with AutoModelForMaskedLM and p
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_MODEL, flags, mlm_flags, subprocess_env
+from helpers import REPO, TINY_MODEL, flags, mlm_flags, run_in_transformers5
 from packaging.markers import Marker
 
 import run_mlm
@@ -121,20 +120,9 @@ def transformers5(transformers5_python, trained, tmp_path_factory):
         for model_type, (_, output_dir) in trained.items()
     }
     request.write_text(json.dumps({"folders": folders, "sentences": SENTENCES, "top_k": TOP_K}))
-    result = subprocess.run(
-        [str(transformers5_python), str(TRANSFORMERS5_SCRIPT), str(request), str(report)],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    reports = run_in_transformers5(
+        transformers5_python, TRANSFORMERS5_SCRIPT, request, report, "the copies", INSTALL_HINT
     )
-    if result.returncode != 0:
-        pytest.fail(
-            f"transformers 5 failed on the copies ({INSTALL_HINT} if "
-            f"stale):\n{result.stderr[-3000:]}"
-        )
-    reports = json.loads(report.read_text())
     expected = (pinned_version("transformers"), pinned_version("torch"))
     for found in reports.values():
         # 2.13.0+cpu is 2.13.0
