@@ -530,7 +530,11 @@ class TFModernBertDecoder(tf_keras.layers.Layer):
 
     def call(self, hidden_states):
         weight = self.weight if self.input_embeddings is None else self.input_embeddings.weight
-        logits = tf.einsum("...h,vh->...v", hidden_states, tf.cast(weight, hidden_states.dtype))
+        # a 2-D matmul: einsum's "...h,vh->...v" computes the same, but its gradient ran ~10x
+        # slower on the CPU (a whole training step 7x slower than RoBERTa's at the same size)
+        flat = tf.reshape(hidden_states, [-1, self.config.hidden_size])
+        logits = tf.matmul(flat, tf.cast(weight, flat.dtype), transpose_b=True)
+        logits = tf.reshape(logits, shape_list(hidden_states)[:-1] + [self.config.vocab_size])
         if self.bias is not None:
             logits = logits + tf.cast(self.bias, logits.dtype)
         return logits
