@@ -30,11 +30,11 @@ from parent_models import (
     run_transformers5,
     save_parent,
 )
+from refusals import refused, script_in_process
 
 import prepare_tfrecord_shards as prepare
 import run_mlm
 from mlm_pipeline import contract, pretrained_model, pytorch_weights, whole_words
-from mlm_pipeline.errors import UsageError
 
 # Word markers of each family's vocabulary: where a word starts, or (WordPiece) goes on.
 WORD_MARKERS = {"roberta": "Ġ", "bert": "##", "xlm-roberta": "▁", "modernbert": "Ġ", "mmbert": "▁"}
@@ -416,6 +416,51 @@ def roberta(corpus, tmp_path_factory):
     return folder, make_shards(folder / "parent", corpus, folder / "shards")
 
 
+@pytest.fixture(scope="module")
+def modernbert_variants(modernbert, tmp_path_factory):
+    """Copies of the ModernBERT parent with one field of config.json changed: "short" 16 positions,
+    fewer than the shards' 32; "odd" a local_attention of 7."""
+    parent, shards, _, _ = modernbert
+    folder = tmp_path_factory.mktemp("modernbert_refusals")
+    for name, change in (
+        ("short", {"max_position_embeddings": 16}),
+        ("odd", {"local_attention": 7}),
+    ):
+        shutil.copytree(parent, folder / name)
+        (folder / name / "config.json").write_text(json.dumps({**config_of(parent), **change}))
+    return parent, shards, folder
+
+
+def modernbert_refusals(parent, shards, variants, project_shards):
+    return {
+        "ModernBERT: shards of another tokenizer": (
+            continue_flags(parent, project_shards, "OUT"),
+            f"is not that of the tokenizer of --model_name_or_path {parent}",
+        ),
+        "ModernBERT: fewer positions": (
+            continue_flags(variants / "short", shards, "OUT"),
+            f"more than the 16 positions of --model_name_or_path {variants / 'short'}",
+        ),
+        "ModernBERT: a window override": (
+            continue_flags(parent, shards, "OUT", config_overrides="local_attention=16"),
+            "would change local_attention of the model",
+        ),
+        "ModernBERT: a layer pattern override": (
+            continue_flags(
+                parent, shards, "OUT", config_overrides="mlp_dropout=0,global_attn_every_n_layers=2"
+            ),
+            "would change global_attn_every_n_layers of the model",
+        ),
+        "ModernBERT: an odd window": (
+            continue_flags(variants / "odd", shards, "OUT"),
+            f"--model_name_or_path {variants / 'odd'} has an odd ModernBERT local_attention 7: "
+            "its local layers attend local_attention // 2 = 3 tokens each side (as in "
+            "transformers), just as with local_attention 6; it was trained as with "
+            "local_attention 6: write that into its config.json",
+        ),
+    }
+
+
 def refusals(folder, shards, tokenizer_dir, project_shards):
     parent = folder / "parent"
     return {
@@ -448,7 +493,9 @@ def refusals(folder, shards, tokenizer_dir, project_shards):
         ),
         "no masked LM": (
             continue_flags(folder / "decoder", shards, "OUT"),
-            "is a gpt2 model, which has no TF masked-LM class",
+            "is a gpt2 model, which has no TF masked-LM class in transformers, so it cannot be "
+            "pretrained here; pass a masked LM: roberta, bert, xlm-roberta, modernbert, or another "
+            "family with a TF masked-LM class in transformers 4.57",
         ),
         "an unfinished run": (
             continue_flags(folder / "unfinished", shards, "OUT"),
@@ -471,23 +518,29 @@ REFUSALS = [
     "no masked LM",
     "an unfinished run",
     "a Hub id not in the cache",
+    "ModernBERT: shards of another tokenizer",
+    "ModernBERT: fewer positions",
+    "ModernBERT: a window override",
+    "ModernBERT: a layer pattern override",
+    "ModernBERT: an odd window",
 ]
 
 
 @pytest.mark.parametrize("case", REFUSALS)
 def test_what_cannot_go_together_is_one_line(
-    case, roberta, tokenizer_dir, shards_dir, corpus, tmp_path
+    case, roberta, modernbert_variants, tokenizer_dir, shards_dir, corpus, tmp_path
 ):
+    """run_mlm.py's one line (refusals.refused: exit 1, no traceback, nothing written)."""
     folder, shards = roberta
-    argv, expected = refusals(folder, shards, tokenizer_dir, shards_dir)[case]
+    cases = {
+        **refusals(folder, shards, tokenizer_dir, shards_dir),
+        **modernbert_refusals(*modernbert_variants, project_shards=shards_dir),
+    }
+    argv, expected = cases[case]
     output_dir = tmp_path / "out"
     argv = [str(output_dir) if word == "OUT" else word for word in argv]
     expected = expected.replace("{}", str(corpus["train"]))
-    with pytest.raises(UsageError) as error:
-        run_mlm.main(run_mlm.parse_args(argv))
-    message = str(error.value)
-    assert "\n" not in message and expected in message
-    assert not output_dir.exists() or not any(output_dir.rglob("*"))
+    refused(script_in_process, "run_mlm.py", argv, output_dir, expected)
 
 
 def test_family_tokenizers_differ_in_fingerprint(corpus):
