@@ -944,6 +944,8 @@ def main(args, callbacks=()):
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
     tokenizer, tokenizer_name, tokenizer_flag = load_tokenizer(args, parent)
+    if masking.whole_word_masking:  # its vocabulary must say where words start
+        whole_words.check_word_markers(tokenizer, tokenizer_flag)
     manifests = shard_checks.read_training_manifests(
         args.train_dataset, args.eval_dataset, tokenizer, tokenizer_name, tokenizer_flag
     )

@@ -33,7 +33,13 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
     except (OSError, ValueError) as error:
         raise UsageError(f"could not load {flag} {source}: {first_line(error)}") from None
     apply_overrides(config, overrides)
-    register_tf_family(config)
+    where = f"{flag} {source}" + (f" with --config_overrides {overrides}" if overrides else "")
+    check_masked_lm(config, where, "pass a masked LM's config")
+    check_local_attention(
+        config,
+        where,
+        "pass an even one: --config_overrides local_attention={even} (the same) or {larger}",
+    )
     if config.hidden_size % config.num_attention_heads:
         raise UsageError(
             f"hidden_size {config.hidden_size} is not divisible by num_attention_heads "
@@ -116,6 +122,40 @@ def has_tf_masked_lm(config):
 
     register_tf_family(config)
     return type(config) in TFAutoModelForMaskedLM._model_mapping
+
+
+# What run_mlm.py trains: transformers 4.57's TF masked LMs, and the families written here
+MASKED_LM_FAMILIES = (
+    "roberta, bert, xlm-roberta, modernbert, or another family with a TF masked-LM class in "
+    "transformers 4.57 (albert, camembert, deberta-v2, distilbert, ...)"
+)
+
+
+def check_masked_lm(config, where, remedy):
+    """A config TFAutoModelForMaskedLM cannot build is refused in one line: `where` names it (the
+    flag and its value), `remedy` says what to pass instead; the families that work follow."""
+    if not has_tf_masked_lm(config):
+        raise UsageError(
+            f"{where} is a {config.model_type} model, which has no TF masked-LM class in "
+            f"transformers, so it cannot be pretrained here; {remedy}: {MASKED_LM_FAMILIES}."
+        )
+
+
+def check_local_attention(config, where, remedy):
+    """ModernBERT's local layers attend `local_attention // 2` tokens each side, in transformers 5
+    as here: an odd window would silently be the even one below it, so it is refused in one line.
+    `where` names the config; `remedy` says what to do, {even} and {larger} in it the even windows
+    below and above."""
+    window = getattr(config, "local_attention", None)
+    if config.model_type != "modernbert" or window is None or window % 2 == 0:
+        return
+    for name, value in (("{even}", window - 1), ("{larger}", window + 1)):
+        remedy = remedy.replace(name, str(value))
+    raise UsageError(
+        f"{where} has an odd ModernBERT local_attention {window}: its local layers attend "
+        f"local_attention // 2 = {window // 2} tokens each side (as in transformers), just as with "
+        f"local_attention {window - 1}; {remedy}."
+    )
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):

@@ -137,7 +137,8 @@ class Parent(PretrainedModel):
 
     `config`: the parent's own, as it is but for its dropout (`config_overrides` may change nothing
     else: any other key would reshape its weights or change what they mean, and is refused before
-    the parent is even looked up). It must be a masked LM TF can build; `check_continuation()` then
+    the parent is even looked up). It must be a masked LM TF can build (a ModernBERT with an even
+    local_attention, the window it attends in effect); `check_continuation()` then
     checks the tokenizer and shards a run pairs with it, and `load_masked_lm()` loads every weight,
     the LM head's included."""
 
@@ -154,17 +155,18 @@ class Parent(PretrainedModel):
             raise UsageError(
                 f"--config_overrides {config_overrides} would change {', '.join(reshaping)} of the "
                 f"model {FLAG} {name}, whose weights continued pretraining starts from; only "
-                "dropout may change (e.g. hidden_dropout_prob=0), or leave out "
+                "dropout may change (e.g. hidden_dropout_prob=0, or ModernBERT's "
+                "attention_dropout=0), or leave out "
                 f"{FLAG} to pretrain another shape from random weights."
             )
         super().__init__(name, weights=True, trust_remote_code=trust_remote_code)
-        if not architecture.has_tf_masked_lm(self.config):
-            raise UsageError(
-                f"{FLAG} {name} is a {self.config.model_type} model, which has no TF masked-LM "
-                "class in transformers, so it cannot be pretrained further here; pass a masked "
-                "LM: roberta, bert, xlm-roberta, modernbert, or another family with a TF masked-LM "
-                "class in transformers 4.57 (albert, camembert, deberta-v2, distilbert, ...)."
-            )
+        architecture.check_masked_lm(self.config, f"{FLAG} {name}", "pass a masked LM")
+        architecture.check_local_attention(
+            self.config,
+            f"{FLAG} {name}",
+            "it was trained as with local_attention {even}: write that into its config.json "
+            "(the same model) and pass that folder",
+        )
         architecture.apply_overrides(self.config, config_overrides)
         self.config._name_or_path = name  # as given: what run_settings.json records
 

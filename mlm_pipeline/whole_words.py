@@ -8,18 +8,39 @@ import functools
 
 from .errors import UsageError
 
+# "▁" begins a word in SentencePiece-style vocabularies (this project's, XLM-R's, Gemma's and so
+# mmBERT's), "Ġ" in byte-level BPE (RoBERTa's, ModernBERT's); "##" continues one in WordPiece
+MARKERS = ("▁", "Ġ", "##")
+
+
+@functools.cache  # once per tokenizer
+def pieces_and_marker(tokenizer):
+    """The vocabulary's pieces, and the marker most of them carry (None: no piece carries one)."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    marker = max(MARKERS, key=lambda mark: sum(p.startswith(mark) for p in pieces))
+    return pieces, marker if any(piece.startswith(marker) for piece in pieces) else None
+
+
+def check_word_markers(tokenizer, tokenizer_flag):
+    """--whole_word_masking with a tokenizer whose pieces say nothing of where words start is
+    refused in one line, before any data is read; `tokenizer_flag` names the tokenizer."""
+    if pieces_and_marker(tokenizer)[1] is None:
+        raise UsageError(
+            f"--whole_word_masking needs to see where words start, but {tokenizer_flag} marks no "
+            "word in its vocabulary (no piece begins with ▁ or Ġ, none goes on a word with ##); "
+            "leave out --whole_word_masking to mask single tokens, or use a tokenizer whose "
+            "pieces mark words (train_unigram.py's, or a SentencePiece, byte-level BPE or "
+            "WordPiece one)."
+        )
+
 
 @functools.cache  # once per tokenizer, not once per input pipeline and phase
 def word_start_table(tokenizer):
-    """[vocabulary] booleans: does this piece begin a word? From the vocabulary's own markers: "▁"
-    begins one in SentencePiece-style vocabularies (this project's), "Ġ" in byte-level BPE; in
-    WordPiece "##" continues one."""
-    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    marker = max(("▁", "Ġ", "##"), key=lambda mark: sum(p.startswith(mark) for p in pieces))
-    if not any(piece.startswith(marker) for piece in pieces):
-        raise UsageError(
-            "--whole_word_masking needs a vocabulary that marks words (pieces with ▁, Ġ or ##)."
-        )
+    """[vocabulary] booleans: does this piece begin a word? From the vocabulary's own markers
+    (MARKERS): "▁" or "Ġ" begins one, "##" continues one."""
+    pieces, marker = pieces_and_marker(tokenizer)
+    if marker is None:
+        check_word_markers(tokenizer, "the tokenizer")
     return [piece.startswith(marker) != (marker == "##") for piece in pieces]
 
 

@@ -788,3 +788,142 @@ def test_each_settings_group_holds_the_flags_of_its_argparse_group(monkeypatch):
         assert flags == {field.name for field in dataclasses.fields(settings)}, settings
         made = run_mlm.settings(settings, args)
         assert all(getattr(made, name) == getattr(args, name) for name in flags)
+
+
+# --------------------------------------------------------------------------------------------------
+# ModernBERT from scratch, and architectures or tokenizers run_mlm.py cannot train with: one line
+# each, before any work (in this process: the subprocess cases above show the command line's part)
+
+# A tiny ModernBERT's config.json, as --pretrained_model_config names it: global and local layers,
+# a window of 8 (4 tokens each side), no special ids (so ModernBertConfig's: ModernBERT-base's)
+MODERNBERT_CONFIG = {
+    "model_type": "modernbert",
+    "hidden_size": 32,
+    "intermediate_size": 40,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 4,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 8,
+}
+
+
+def write_config(folder, **fields):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields))
+    return folder / "config.json"
+
+
+def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp_path):
+    """Step 1's Unigram tokenizer with a ModernBERT config: its vocabulary size and every special
+    id (pad, cls, sep, mask, bos and eos) come from the tokenizer, not from
+    ModernBERT-base's ids in ModernBertConfig's defaults, in the config the run saves and in the
+    one its PyTorch copy writes for transformers 5."""
+    from transformers import ModernBertConfig
+
+    from mlm_pipeline import modernbert
+
+    path = write_config(tmp_path, **MODERNBERT_CONFIG)
+    argv = ["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"]
+    model = run_mlm.settings(
+        run_mlm.Model, run_mlm.parse_args([*argv, "--pretrained_model_config", str(path)])
+    )
+    config = run_mlm.build_config(tokenizer, MAX_LENGTH, model)
+    expected = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "cls_token_id": tokenizer.cls_token_id,
+        "sep_token_id": tokenizer.sep_token_id,
+        "mask_token_id": tokenizer.mask_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    defaults = ModernBertConfig()
+    assert config.model_type == "modernbert"
+    assert tokenizer.convert_ids_to_tokens([config.bos_token_id, config.eos_token_id]) == [
+        "[CLS]",  # train_unigram.py's bos and eos are its [CLS] and [SEP]
+        "[SEP]",
+    ]
+    for written in (config.to_dict(), modernbert.transformers5_config_dict(config)):
+        assert {key: written[key] for key in expected} == expected
+    assert all(expected[key] != getattr(defaults, key, None) for key in expected)
+    assert config.local_attention == 8 and config.num_hidden_layers == 4
+
+
+def no_word_markers_tokenizer(corpus, folder):
+    """A word-level tokenizer: whole words as ids, nothing in a piece says where a word starts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordLevelTrainer(special_tokens=special)
+    backend.train_from_iterator(corpus["train"].read_text().splitlines(), trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def architecture_refusals(tmp_path, corpus):
+    """{case: (extra flags, what the line must say)}, for a tiny from-scratch run."""
+    even = write_config(tmp_path / "modernbert", **MODERNBERT_CONFIG)
+    odd = write_config(tmp_path / "odd", **{**MODERNBERT_CONFIG, "local_attention": 7})
+    gpt2 = write_config(tmp_path / "gpt2", model_type="gpt2", n_embd=32, n_layer=1, n_head=2)
+    return {
+        "an odd ModernBERT window": (
+            ["--pretrained_model_config", odd],
+            [
+                f"--pretrained_model_config {odd} with --config_overrides",
+                "has an odd ModernBERT local_attention 7",
+                "local_attention // 2 = 3 tokens each side",
+                "just as with local_attention 6",
+                "pass an even one: --config_overrides local_attention=6 (the same) or 8",
+            ],
+        ),
+        "an odd ModernBERT window override": (
+            ["--pretrained_model_config", even, "--config_overrides", "local_attention=9"],
+            ["local_attention 9", "4 tokens each side", "local_attention=8 (the same) or 10"],
+        ),
+        "no masked LM": (
+            ["--pretrained_model_config", gpt2, "--no_pytorch_export", "--config_overrides", ""],
+            ["is a gpt2 model", "roberta, bert, xlm-roberta, modernbert, or another family"],
+        ),
+        "whole words of a tokenizer without word markers": (
+            ["--whole_word_masking", "--tokenizer", "{words}"],
+            [
+                "--whole_word_masking needs to see where words start, but --tokenizer {words} "
+                "marks no word",
+                "leave out --whole_word_masking",
+            ],
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case_name",
+    [
+        "an odd ModernBERT window",
+        "an odd ModernBERT window override",
+        "no masked LM",
+        "whole words of a tokenizer without word markers",
+    ],
+)
+def test_what_run_mlm_cannot_train_is_one_line(
+    case_name, shards_dir, tokenizer_dir, corpus, tmp_path
+):
+    extra, needles = architecture_refusals(tmp_path, corpus)[case_name]
+    words = str(tmp_path / "words")
+    if "{words}" in str(extra):
+        no_word_markers_tokenizer(corpus, words)
+    extra = [str(word).replace("{words}", words) for word in extra]
+    output_dir = tmp_path / "model"
+    args = mlm_args(shards_dir / "train", tokenizer_dir, output_dir, *extra)
+    needles = [needle.replace("{words}", words) for needle in needles]
+    refused(script_in_process, "run_mlm.py", args, output_dir, *needles)

@@ -2,24 +2,30 @@
 
 Runs in .venv-transformers5 (transformers 5 has no TF models), once per session of
 tests/test_modernbert.py, which starts it after writing the TF side's folders, so one process does
-all the PyTorch work in both directions:
+all the PyTorch work in both directions (and once for tests/test_continued_pretraining.py, whose
+ModernBERT parent it makes and scores):
 
     .venv-transformers5/bin/python tests/transformers5_modernbert.py request.json report.json
 
 request.json holds
-- "input_ids" and "attention_mask": the padded batch every model is run on;
+- "input_ids" and "attention_mask": the padded batch every model is run on (none: no outputs
+  are saved);
 - "build": [{"folder", "kind" ("masked_lm" or "classifier"), "config" (ModernBertConfig keyword
   arguments), "seed"}]: a random model is made with the seed, every weight moved off its
   initial value (so that biases and norm weights, initialized to 0 and 1, are checked too), and
   saved with save_pretrained (model.safetensors, config.json);
 - "load": [{"folder", "kind"}]: a folder the TF side wrote, loaded with AutoModelFor...;
-- "configs": [folder]: config.json files to read only.
+- "configs": [folder]: config.json files to read only;
+- "losses": [{"folder", "batches"}]: a masked LM folder loaded with AutoModelForMaskedLM, and an
+  .npz of masked batches ("input_ids" and "labels", [batches, batch, length], -100 where nothing
+  is predicted), scored without an attention mask (every token attends, as run_mlm.py's model
+  does): the mean cross-entropy of each batch's labelled positions.
 
 Each model's logits (float32, eval mode, eager attention: its additive mask is the one the TF
 side reproduces, padded rows included) go to <folder>/transformers5_logits.npy, a masked LM's
-last hidden state to <folder>/transformers5_hidden.npy. report.json: the versions, and for every
+last hidden state to <folder>/transformers5_hidden.npy. report.json: the versions, for every
 folder the class, loading info and how transformers 5 reads its config (layer types, RoPE
-thetas, window).
+thetas, window), and the losses by folder.
 """
 
 import json
@@ -52,6 +58,8 @@ def save_outputs(model, folder, batch):
     import numpy as np
     import torch
 
+    if batch is None:
+        return
     model.eval()
     with torch.no_grad():
         outputs = model(**batch, output_hidden_states=True)
@@ -91,6 +99,22 @@ def load(entry, batch):
     }
 
 
+def losses(entry):
+    """Each batch's loss, as transformers 5 computes it from the labels."""
+    import numpy as np
+    import torch
+
+    model = model_class("masked_lm").from_pretrained(entry["folder"], attn_implementation="eager")
+    model.eval()
+    batches = np.load(entry["batches"])
+    found = []
+    with torch.no_grad():
+        for input_ids, labels in zip(batches["input_ids"], batches["labels"], strict=True):
+            output = model(input_ids=torch.tensor(input_ids), labels=torch.tensor(labels))
+            found.append(float(output.loss))
+    return found
+
+
 def main(request_path, report_path):
     import torch
     import transformers
@@ -99,10 +123,12 @@ def main(request_path, report_path):
     torch.set_num_threads(1)  # tiny models: threads cost more than they give on 2 shared cores
     with open(request_path, encoding="utf-8") as file:
         request = json.load(file)
-    batch = {
-        "input_ids": torch.tensor(request["input_ids"]),
-        "attention_mask": torch.tensor(request["attention_mask"]),
-    }
+    batch = None
+    if "input_ids" in request:
+        batch = {
+            "input_ids": torch.tensor(request["input_ids"]),
+            "attention_mask": torch.tensor(request["attention_mask"]),
+        }
     report = {
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
@@ -112,6 +138,7 @@ def main(request_path, report_path):
             folder: config_reading(AutoConfig.from_pretrained(folder))
             for folder in request["configs"]
         },
+        "losses": {entry["folder"]: losses(entry) for entry in request.get("losses", [])},
     }
     with open(report_path, "w", encoding="utf-8") as file:
         json.dump(report, file, indent=1)
