@@ -8,47 +8,25 @@ one line without writing anything.
 
 import csv
 import json
-import random
 import shutil
 
 import pytest
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process
-from helpers import flags, make_corpus_lines, tiny_run_flags, write_tsv
+from helpers import (
+    POSITIVE_SHARE,
+    flags,
+    labelled_rows,
+    make_corpus_lines,
+    tiny_run_flags,
+    write_tsv,
+)
 
 import run_classifier
 import run_mlm
 from mlm_pipeline import contract
 from mlm_pipeline.errors import UsageError
 
-POSITIVE = ("bright", "famous", "quiet", "green", "young")
-NEGATIVE = ("dark", "heavy", "narrow", "ancient", "old")
-POSITIVE_SHARE = 0.6  # the majority class: 0.6 of the examples, which the classifier must beat
 TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
-
-
-def labelled_rows(count, seed):
-    """`count` (sentence, label) pairs: a line of the test corpus without any of the label words,
-    with one positive word (label 1) or one negative word (label 0) put in at random."""
-    rng = random.Random(seed)
-    lines = [line for line in make_corpus_lines(2 * count, seed) if line.strip()]
-    rows = []
-    for line in lines[:count]:
-        label = int(rng.random() < POSITIVE_SHARE)
-        words = [w for w in line.split() if w.strip(".!?;").lower() not in POSITIVE + NEGATIVE]
-        words = words[:10]
-        words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
-        rows.append((" ".join(words), label))
-    return rows
-
-
-@pytest.fixture(scope="module")
-def labelled(tmp_path_factory):
-    """{"train": train.tsv, "validation": dev.tsv}, SST-2's layout (sentence, label)."""
-    folder = tmp_path_factory.mktemp("labelled")
-    return {
-        "train": write_tsv(folder / "train.tsv", labelled_rows(800, seed=0)),
-        "validation": write_tsv(folder / "dev.tsv", labelled_rows(100, seed=1)),
-    }
 
 
 @pytest.fixture(scope="module")
