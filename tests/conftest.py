@@ -63,6 +63,7 @@ LONGEST_FILES = (
     "test_modernbert.py",
     "test_prepare_shards.py",
     "test_run_classifier.py",
+    "test_classifier_export.py",
     "test_prepare_crash.py",
     "test_continued_pretraining.py",
     "test_eval_steps.py",
