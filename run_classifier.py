@@ -8,8 +8,9 @@ Keras fit on a Hub dataset (GLUE's SST-2 by default) or local .tsv/.csv/.jsonl f
 example is cut to --max_length tokens; training batches hold examples of about one length, padded to
 16, 32, 64... tokens, so short sentences cost short steps (on a TPU, or with --pad_to_max_length,
 every batch is padded to --max_length: one shape, one compiled program). The saved
-folder loads with `pipeline("text-classification", model=output_dir)`; eval_results.json holds the
-validation scores, README.md the model card.
+folder loads with `pipeline("text-classification", model=output_dir)`; its pytorch/ folder, the same
+classifier in PyTorch's names, with transformers 5's `AutoModelForSequenceClassification`;
+eval_results.json holds the validation scores, README.md the model card.
 
     # SST-2 from the Hub on a CPU or GPUs, with the model the quickstart pretrained
     python run_classifier.py --no_tpu --model_name_or_path quickstart_output/model \
@@ -141,6 +142,11 @@ def parse_args(argv=None):
     add("--seed", type=int, default=42, help="seed of the new head's weights and the shuffling")
     add("--hub_model_id", help="also push the classifier to this Hub repository (namespace/name)")
     add("--hub_private", action="store_true", help="create the --hub_model_id repository private")
+    add(
+        "--no_pytorch_export",
+        action="store_true",
+        help="skip the pytorch/ copy of the classifier that transformers 5 loads",
+    )
     add = parser.add_argument_group("hardware").add_argument
     add("--tpu_name", default="local", help="the TPU's name; 'local' on a TPU VM")
     add("--tpu_zone", help="the zone of a TPU node, when not on a TPU VM")
@@ -335,12 +341,18 @@ def evaluate(classifier, dataset, validation, label_count, pair_task):
     return scores
 
 
-def save_classifier(folder, classifier, tokenizer, max_length, card_text, scores):
-    """config.json, tf_model.h5, the tokenizer (its model_max_length the training length), the card
-    and eval_results.json."""
+def save_classifier(
+    folder, classifier, tokenizer, max_length, card_text, scores, pytorch_export=True
+):
+    """config.json, tf_model.h5, the tokenizer (its model_max_length the training length), the
+    pytorch/ copy that transformers 5 loads (pytorch_weights.py), the card and eval_results.json."""
     classifier.save_pretrained(folder)
     tokenizer.model_max_length = max_length
     tokenizer.save_pretrained(folder)
+    if pytorch_export:
+        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
+
+        pytorch_weights.write_pytorch_copy(classifier, tokenizer, folder)
     classifier_folder.write_card_and_scores(folder, card_text, scores)
 
 
@@ -358,6 +370,11 @@ def main(args, callbacks=()):
     # The pretrained folder: its config and tokenizer (the weights load with the model, below).
     pretrained = PretrainedModel(args.model_name_or_path, weights=not args.from_scratch)
     max_length = pretrained.check_max_length(args.max_length, DEFAULT_MAX_LENGTH)
+    pytorch_export = not args.no_pytorch_export
+    if pytorch_export:  # a copy that cannot be written is refused now, not after training
+        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
+
+        pytorch_weights.check_pytorch_export(pretrained.config, masked_lm=False)
 
     tf_keras.utils.set_random_seed(args.seed)  # the shuffling, the new head's weights, dropout
 
@@ -465,11 +482,15 @@ def main(args, callbacks=()):
             seed=args.seed,
             minutes=minutes,
         ),
+        pytorch_copy=pytorch_export,
     )
     classifier_folder.stop_looking_finished(args.output_dir)  # a replaced classifier's config.json
     with model_folder.staging(args.output_dir) as folder:
-        save_classifier(folder, classifier, pretrained.tokenizer, max_length, card_text, scores)
-    print(f"Saved the classifier, its tokenizer, card and eval_results.json to {args.output_dir}.")
+        save_classifier(
+            folder, classifier, pretrained.tokenizer, max_length, card_text, scores, pytorch_export
+        )
+    saved = "its tokenizer, PyTorch copy," if pytorch_export else "its tokenizer,"
+    print(f"Saved the classifier, {saved} card and eval_results.json to {args.output_dir}.")
     if repo_id is not None:
         classifier_folder.push_to_hub(repo_id, args.output_dir, card_text, scores)
     return scores

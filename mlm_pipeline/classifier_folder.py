@@ -1,6 +1,7 @@
 """What run_classifier.py writes beside the classifier, and where: the model card (README.md: the
 task, the data, the score against the majority-class baseline, the pretrained model it came from),
-eval_results.json, the replacement of an earlier classifier, and the Hub push.
+eval_results.json, the replacement of an earlier classifier, and the Hub push (the pytorch/ copy
+included, in a folder of its own as in run_mlm.py's pushes).
 
 The folder itself is published by `model_folder.staging()`, config.json last. Local paths are named
 by `cards.public_name()`, as in run_mlm.py's card: a card is meant to be public. The score also
@@ -15,7 +16,7 @@ import tempfile
 
 from . import contract, hub
 from .cards import metadata_block, public_name
-from .contract import FINISHED_RUN_MARKER, MODEL_CARD_NAME
+from .contract import FINISHED_RUN_MARKER, MODEL_CARD_NAME, PYTORCH_DIR
 from .storage import is_remote
 
 EVAL_RESULTS_NAME = "eval_results.json"
@@ -34,6 +35,7 @@ def classifier_card(
     scores,
     majority,
     settings,
+    pytorch_copy=True,
 ):
     """The card's text. `classifier`: the fitted TF model; `name`: what the usage snippet loads (a
     Hub id, or the output folder's name); `pretrained`: --model_name_or_path as given; `dataset`:
@@ -41,7 +43,7 @@ def classifier_card(
     {"accuracy": ..., maybe "f1"} on `validation`; `majority`: the accuracy of answering the
     training split's most frequent label everywhere; `settings`: the training settings by name
     (max_length, global_batch_size, num_epochs, steps, learning_rate, warmup_ratio, seed,
-    minutes)."""
+    minutes); `pytorch_copy`: the folder holds the pytorch/ copy for transformers 5."""
     config = classifier.config
     start = public_name(pretrained)
     if from_scratch:
@@ -84,6 +86,22 @@ def classifier_card(
     example = 'print(classifier("A text to classify."))'
     if train.pairs is not None:
         example = 'print(classifier({"text": "A first text.", "text_pair": "Its partner."}))'
+    transformers5 = []
+    if pytorch_copy:
+        transformers5 = [
+            "",
+            f"With transformers 5 and PyTorch, the copy in `{PYTORCH_DIR}/`:",
+            "",
+            "```python",
+            "from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline",
+            "",
+            f'model = AutoModelForSequenceClassification.from_pretrained("{name}", '
+            f'subfolder="{PYTORCH_DIR}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}", subfolder="{PYTORCH_DIR}")',
+            'classifier = pipeline("text-classification", model=model, tokenizer=tokenizer)',
+            example,
+            "```",
+        ]
     score_rows = [f"| {metric} | {value:.4f} |" for metric, value in scores.items()]
     labels = ", ".join(f"{index}: `{label}`" for index, label in enumerate(label_names))
     lines = [
@@ -103,6 +121,7 @@ def classifier_card(
         f'classifier = pipeline("text-classification", model="{name}", framework="tf", dtype=None)',
         example,
         "```",
+        *transformers5,
         "",
         "## Data",
         "",
@@ -160,13 +179,36 @@ def push_to_hub(repo_id, output_dir, card_text, scores):
     folder = output_dir
     if is_remote(output_dir):
         folder = tempfile.mkdtemp(prefix="classifier-")
-        contract.copy_folder_files(output_dir, folder)
-    names = [
-        name
-        for name in sorted(os.listdir(folder))
-        if name != MODEL_CARD_NAME and os.path.isfile(os.path.join(folder, name))
-    ]
+        copy_saved_folder(output_dir, folder)
+    names = [name for name in files_to_push(folder) if name != MODEL_CARD_NAME]
     commit = hub.push_folder_files(repo_id, folder, names, card_text, message, "the classifier")
     if folder != output_dir:
         shutil.rmtree(folder)
-    print(f"Pushed the classifier, its tokenizer and card to the Hub: {commit.commit_url}")
+    print(f"Pushed the saved classifier folder to the Hub: {commit.commit_url}")
+
+
+def copy_saved_folder(output_dir, folder):
+    """Copy the classifier saved in gs:// `output_dir`, its pytorch/ copy included, into the local
+    `folder`."""
+    import tensorflow as tf
+
+    contract.copy_folder_files(output_dir, folder)
+    pytorch_copy = f"{output_dir.rstrip('/')}/{PYTORCH_DIR}"
+    if tf.io.gfile.isdir(pytorch_copy):
+        os.makedirs(os.path.join(folder, PYTORCH_DIR))
+        contract.copy_folder_files(pytorch_copy, os.path.join(folder, PYTORCH_DIR))
+
+
+def files_to_push(folder):
+    """The saved folder's files, then its pytorch/ copy's, as paths in the repository
+    (`pytorch/model.safetensors`): the layout of run_mlm.py's pushes."""
+    names = []
+    for subfolder in ("", PYTORCH_DIR):
+        where = os.path.join(folder, subfolder)
+        if os.path.isdir(where):
+            names += [
+                f"{subfolder}/{name}".lstrip("/")
+                for name in sorted(os.listdir(where))
+                if os.path.isfile(os.path.join(where, name))
+            ]
+    return names

@@ -1,14 +1,16 @@
 """A TF model's weights in PyTorch transformers' names and layouts, both ways, without torch: read
-from a model published with PyTorch safetensors only, and written as run_mlm.py's PyTorch copy,
-<output_dir>/pytorch, a folder transformers 5 loads as it is.
+from a model published with PyTorch safetensors only, and written as the PyTorch copy of
+run_mlm.py's masked LM and of run_classifier.py's classifier, <output_dir>/pytorch, a folder
+transformers 5 loads as it is.
 
 Most models on the Hub today carry PyTorch safetensors, many no TF weights at all. transformers
 4.57's TF loader would read such a file through its PyTorch bridge, which fails on safetensors
 (its bug, not to be fixed: transformers 5 drops TF), and a `pytorch_model.bin` needs torch itself.
-transformers 5 has no TF models, so run_mlm.py also writes its model as model.safetensors beside
-the config and tokenizer. Both directions name each TF weight as PyTorch names it, by the mapping
-transformers' own converters use (`convert_tf_weight_name_to_pt_weight_name`), transposed where
-Keras stores a Dense kernel (in, out) and torch a Linear weight (out, in).
+transformers 5 has no TF models, so run_mlm.py and run_classifier.py also write their model as
+model.safetensors beside the config and tokenizer. Both directions name each TF weight as PyTorch
+names it, by the mapping transformers' own converters use
+(`convert_tf_weight_name_to_pt_weight_name`), transposed where Keras stores a Dense kernel (in,
+out) and torch a Linear weight (out, in).
 
 `check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
 untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
@@ -16,6 +18,7 @@ architecture.fit_to_tokenizer and asserted again when the copy is written.
 """
 
 import contextlib
+import copy
 import json
 import os
 
@@ -92,11 +95,12 @@ def stored_names(pt_name):
     return names
 
 
-# --- written: run_mlm.py's PyTorch copy
+# --- written: the PyTorch copy of run_mlm.py's masked LM and run_classifier.py's classifier
 
-# The model types whose PyTorch copy tests/test_pytorch_export.py loads in transformers 5
-# and checks against the TF model. The name mapping is generic, but a type joins this list
-# only once that test covers it.
+# The model types whose PyTorch copy the tests load in transformers 5 and check against the TF
+# model: the masked LM's (tests/test_pytorch_export.py) and the classifier's
+# (tests/test_classifier_export.py). The name mapping is generic, but a type joins this list only
+# once both tests cover it.
 PYTORCH_EXPORT_MODEL_TYPES = (
     "roberta",
     "roberta-prelayernorm",
@@ -108,9 +112,9 @@ PYTORCH_EXPORT_MODEL_TYPES = (
 UNTIED_DECODER_MODEL_TYPES = ("modernbert",)
 
 
-def check_pytorch_export(config):
+def check_pytorch_export(config, masked_lm=True):
     """Refuse before training a config whose PyTorch copy would be unverified or a different
-    model."""
+    model. `masked_lm` False: a classifier, which has no LM decoder to tie."""
     if config.model_type not in PYTORCH_EXPORT_MODEL_TYPES:
         raise UsageError(
             f"the PyTorch copy ({PYTORCH_WEIGHTS_NAME}) is written for "
@@ -119,7 +123,8 @@ def check_pytorch_export(config):
         )
     # a published RoBERTa whose pad id is not 1 (run_mlm.py's own configs were checked already)
     check_padding_index(config.model_type, config.pad_token_id, remedy="pass --no_pytorch_export")
-    if not config.tie_word_embeddings and config.model_type not in UNTIED_DECODER_MODEL_TYPES:
+    untied = not config.tie_word_embeddings
+    if masked_lm and untied and config.model_type not in UNTIED_DECODER_MODEL_TYPES:
         raise UsageError(
             "the config sets tie_word_embeddings to false, but transformers' TF masked LMs share "
             "the word embeddings with the LM head whatever it says, and a PyTorch model built "
@@ -127,28 +132,31 @@ def check_pytorch_export(config):
         )
 
 
-def pytorch_state_dict(masked_lm):
-    """The TF masked LM's weights under PyTorch transformers' names and layouts, as numpy arrays.
+def pytorch_state_dict(model):
+    """The TF model's weights (a masked LM's, a classifier's) under PyTorch transformers' names and
+    layouts, as numpy arrays.
 
     transformers' own TF-to-PyTorch mapping (the one behind from_pretrained(..., from_tf=True))
     names each TF variable and says whether it is stored transposed: a Keras Dense kernel is (in,
     out), a torch Linear weight (out, in). Tied weights are written once, as PyTorch's
-    save_pretrained writes them: the TF LM head reuses the word embeddings, and PyTorch ties its
+    save_pretrained writes them: a TF LM head reuses the word embeddings, and PyTorch ties its
     decoder to them (and the decoder's bias to the head's `bias`) when it loads, so the file holds
-    e.g. `lm_head.bias` but no `lm_head.decoder.*`.
+    e.g. `lm_head.bias` but no `lm_head.decoder.*`. A classifier's head (BERT's pooler and
+    `classifier`, RoBERTa's `classifier.dense` and `classifier.out_proj`, ModernBERT's `head` and
+    `classifier`) is named as in its PyTorch twin, so nothing is left out or tied.
     """
     from transformers.modeling_tf_pytorch_utils import (
         TransposeType,
         convert_tf_weight_name_to_pt_weight_name,
     )
 
-    config = masked_lm.config
-    # build_config() refused such a model already; never write its copy
+    config = model.config
+    # the config was refused before training already; never write such a copy
     check_padding_index(
         config.model_type, config.pad_token_id, remedy="rerun with --no_pytorch_export"
     )
     state_dict = {}
-    for weight in masked_lm.weights:
+    for weight in model.weights:
         name, transpose = convert_tf_weight_name_to_pt_weight_name(
             weight.name, tf_weight_shape=weight.shape
         )
@@ -164,9 +172,21 @@ def pytorch_state_dict(masked_lm):
     return state_dict
 
 
-def write_pytorch_copy(masked_lm, tokenizer, folder):
-    """<folder>/pytorch: config, tokenizer and model.safetensors with PyTorch names and layouts, a
-    folder that transformers 5 loads as it is; no torch is needed here.
+def pytorch_config(model):
+    """A copy of the TF model's config that names the PyTorch class it holds (TFBertFor... ->
+    BertFor...), as the TF save_pretrained() does; everything else (num_labels, id2label,
+    problem_type, ModernBERT's classifier_pooling...) is what transformers 5 builds the same head
+    from."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__.removeprefix("TF")]
+    return config
+
+
+def write_pytorch_copy(model, tokenizer, folder):
+    """<folder>/pytorch: config, tokenizer and model.safetensors of the TF `model` (a masked LM, a
+    classifier) with PyTorch names and layouts, a folder that transformers 5 loads as it is with
+    the auto class of the TF one (AutoModelForMaskedLM, AutoModelForSequenceClassification); no
+    torch is needed here.
 
     A folder of its own, not beside tf_model.h5: transformers 4.57's TF loader prefers a
     model.safetensors it finds there, and fails on PyTorch-format files (its bug, not to be fixed),
@@ -174,13 +194,13 @@ def write_pytorch_copy(masked_lm, tokenizer, folder):
     """
     from safetensors.numpy import save_file
 
-    copy = os.path.join(folder, PYTORCH_DIR)
-    os.makedirs(copy, exist_ok=True)
-    masked_lm.config.save_pretrained(copy)
-    tokenizer.save_pretrained(copy)
+    copy_folder = os.path.join(folder, PYTORCH_DIR)
+    os.makedirs(copy_folder, exist_ok=True)
+    pytorch_config(model).save_pretrained(copy_folder)
+    tokenizer.save_pretrained(copy_folder)
     # "pt": the format transformers 5 loads.
     save_file(
-        pytorch_state_dict(masked_lm),
-        os.path.join(copy, PYTORCH_WEIGHTS_NAME),
+        pytorch_state_dict(model),
+        os.path.join(copy_folder, PYTORCH_WEIGHTS_NAME),
         metadata={"format": "pt"},
     )

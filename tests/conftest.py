@@ -32,11 +32,13 @@ from helpers import (  # noqa: E402
     TINY_MODEL,
     VOCAB_SIZE,
     flags,
+    labelled_rows,
     make_corpus_lines,
     prepare_flags,
     read_lines,
     run_command,
     write_lines,
+    write_tsv,
 )
 
 from mlm_pipeline import contract, tf_startup  # noqa: E402, F401
@@ -61,6 +63,7 @@ LONGEST_FILES = (
     "test_modernbert.py",
     "test_prepare_shards.py",
     "test_run_classifier.py",
+    "test_classifier_export.py",
     "test_prepare_crash.py",
     "test_continued_pretraining.py",
     "test_eval_steps.py",
@@ -128,6 +131,17 @@ def shards_dir(corpus, tokenizer_dir, tmp_path_factory):
     for split in ("train", "validation"):
         prepare.main(prepare.parse_args(prepare_flags(corpus, tokenizer_dir, split, output_dir)))
     return output_dir
+
+
+@pytest.fixture(scope="session")
+def labelled(tmp_path_factory):
+    """run_classifier.py's task: {"train": train.tsv, "validation": dev.tsv}, SST-2's layout
+    (sentence, label), the label carried by a word (helpers.labelled_rows)."""
+    folder = tmp_path_factory.mktemp("labelled")
+    return {
+        "train": write_tsv(folder / "train.tsv", labelled_rows(800, seed=0)),
+        "validation": write_tsv(folder / "dev.tsv", labelled_rows(100, seed=1)),
+    }
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,12 @@ def _sentence(rng):
     return text[0].upper() + text[1:] + rng.choice([".", ".", ".", "!", "?", ";"])
 
 
+# run_classifier.py's task in the tests: a word of one list or the other carries the label.
+POSITIVE = ("bright", "famous", "quiet", "green", "young")
+NEGATIVE = ("dark", "heavy", "narrow", "ancient", "old")
+POSITIVE_SHARE = 0.6  # the majority class: 0.6 of the examples, which the classifier must beat
+
+
 def make_corpus_lines(count, seed):
     """`count` lines of English-ish prose; some lines are empty or hold only whitespace."""
     rng = random.Random(seed)
@@ -69,6 +75,21 @@ def make_corpus_lines(count, seed):
         else:
             lines.append(" ".join(_sentence(rng) for _ in range(rng.randint(1, 3))))
     return lines
+
+
+def labelled_rows(count, seed):
+    """`count` (sentence, label) pairs: a line of the test corpus without any of the label words,
+    with one positive word (label 1) or one negative word (label 0) put in at random."""
+    rng = random.Random(seed)
+    lines = [line for line in make_corpus_lines(2 * count, seed) if line.strip()]
+    rows = []
+    for line in lines[:count]:
+        label = int(rng.random() < POSITIVE_SHARE)
+        words = [w for w in line.split() if w.strip(".!?;").lower() not in POSITIVE + NEGATIVE]
+        words = words[:10]
+        words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
+        rows.append((" ".join(words), label))
+    return rows
 
 
 def write_lines(path, lines):

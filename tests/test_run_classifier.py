@@ -8,47 +8,26 @@ one line without writing anything.
 
 import csv
 import json
-import random
 import shutil
 
 import pytest
 from fake_hub import FakeHub, connect_this_process, disconnect_this_process
-from helpers import flags, make_corpus_lines, tiny_run_flags, write_tsv
+from helpers import (
+    POSITIVE_SHARE,
+    files_in,
+    flags,
+    labelled_rows,
+    make_corpus_lines,
+    tiny_run_flags,
+    write_tsv,
+)
 
 import run_classifier
 import run_mlm
 from mlm_pipeline import contract
 from mlm_pipeline.errors import UsageError
 
-POSITIVE = ("bright", "famous", "quiet", "green", "young")
-NEGATIVE = ("dark", "heavy", "narrow", "ancient", "old")
-POSITIVE_SHARE = 0.6  # the majority class: 0.6 of the examples, which the classifier must beat
 TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
-
-
-def labelled_rows(count, seed):
-    """`count` (sentence, label) pairs: a line of the test corpus without any of the label words,
-    with one positive word (label 1) or one negative word (label 0) put in at random."""
-    rng = random.Random(seed)
-    lines = [line for line in make_corpus_lines(2 * count, seed) if line.strip()]
-    rows = []
-    for line in lines[:count]:
-        label = int(rng.random() < POSITIVE_SHARE)
-        words = [w for w in line.split() if w.strip(".!?;").lower() not in POSITIVE + NEGATIVE]
-        words = words[:10]
-        words.insert(rng.randrange(len(words) + 1), rng.choice(POSITIVE if label else NEGATIVE))
-        rows.append((" ".join(words), label))
-    return rows
-
-
-@pytest.fixture(scope="module")
-def labelled(tmp_path_factory):
-    """{"train": train.tsv, "validation": dev.tsv}, SST-2's layout (sentence, label)."""
-    folder = tmp_path_factory.mktemp("labelled")
-    return {
-        "train": write_tsv(folder / "train.tsv", labelled_rows(800, seed=0)),
-        "validation": write_tsv(folder / "dev.tsv", labelled_rows(100, seed=1)),
-    }
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +95,16 @@ def test_the_pretrained_chain_beats_the_majority_class(pretrained, labelled, tmp
     assert {"config.json", "tf_model.h5", "tokenizer.json", "README.md"} <= {
         path.name for path in output_dir.iterdir()
     }
+    # the copy for transformers 5 (tests/test_classifier_export.py loads it there)
+    assert {"config.json", "tokenizer.json", contract.PYTORCH_WEIGHTS_NAME} <= {
+        path.name for path in (output_dir / contract.PYTORCH_DIR).iterdir()
+    }
     assert not [path for path in output_dir.iterdir() if path.name.startswith(".")]
     card = (output_dir / "README.md").read_text()
     assert "pipeline_tag: text-classification" in card
     assert f"from the masked language model `{pretrained.name}`" in card
     assert f"| accuracy | {scores['accuracy']:.4f} |" in card
+    assert 'from_pretrained("classifier", subfolder="pytorch")' in card
     assert str(tmp_path) not in card and str(pretrained.parent) not in card
     out = capsys.readouterr().out
     assert f"accuracy {scores['accuracy']:.4f} on 100 examples" in out
@@ -203,7 +187,8 @@ def test_training_batches_hold_one_bucket_each_cut_to_its_length():
 def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_path):
     """--text_pair_column: the label word is in the second text. RoBERTa has one token type, so the
     tokenizer's type ids for the second text (1) must be left out, or they would be out of range;
-    a two-class pair task also gets F1, as GLUE scores MRPC and QQP."""
+    a two-class pair task also gets F1, as GLUE scores MRPC and QQP. With --no_pytorch_export, no
+    copy for transformers 5."""
 
     def pairs(count, seed):
         firsts = [line for line in make_corpus_lines(count + 50, seed + 10) if line.strip()]
@@ -227,11 +212,15 @@ def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_pa
         text_pair_column="sentence2",
         train_file=train,
         validation_file=validation,
+        no_pytorch_export=True,
     )
     scores = run(*argv)
     assert set(scores) == {"accuracy", "f1"}
     assert scores["accuracy"] > POSITIVE_SHARE + 0.2 and scores["f1"] > 0.8, scores
     assert json.loads((output_dir / "eval_results.json").read_text()) == scores
+    # --no_pytorch_export: the TF classifier alone, and a card that offers no copy
+    assert not (output_dir / contract.PYTORCH_DIR).exists()
+    assert "subfolder" not in (output_dir / "README.md").read_text()
 
 
 GLUE_CARD = """---
@@ -301,10 +290,10 @@ def test_a_hub_dataset_in_and_the_classifier_out_to_the_hub(
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert scores["accuracy"] > POSITIVE_SHARE + 0.2, scores
     (commit,) = hub.commits("tester/sst2")
-    saved = {path.name for path in output_dir.iterdir()}
-    assert set(commit.files) == saved
-    for name in saved - {"README.md"}:
-        assert commit.files[name] == (output_dir / name).read_bytes(), name
+    saved = files_in(output_dir)  # the pytorch/ copy's files as pytorch/<name>, as run_mlm pushes
+    assert set(commit.files) == set(saved) and "pytorch/model.safetensors" in saved
+    for name in set(saved) - {"README.md"}:
+        assert commit.files[name] == saved[name], name
     card = commit.files["README.md"].decode()
     assert 'model="tester/sst2"' in card and "the dataset `glue` (config `sst2`)" in card
     assert str(tmp_path) not in card
