@@ -14,6 +14,9 @@ Every variant is run_mlm.py itself, `main(parse_args([...]), callbacks=[clock])`
     sparse        run_mlm.py's default: the LM head runs at the masked positions only
     sparse+bf16   --bfloat16 (mixed precision; logits cast to float32 before the loss)
     sparse+xla    --jit_compile
+    modernbert    the sparse step of a ModernBERT (mlm_pipeline/modernbert.py) of the same hidden
+                  size, layers and heads, its GeGLU MLP 2/3 as wide as --config_overrides'
+                  intermediate_size: the same parameters and matmul FLOPs a layer
 
 The clock, a Keras callback, times each step from its start to its end; a round's figure is the
 median of the steps after the warm-up (which trace and compile). Rounds run every variant in turn, a
@@ -50,7 +53,24 @@ VARIANTS = {
     "sparse": [],
     "sparse+bf16": ["--bfloat16"],
     "sparse+xla": ["--jit_compile"],
+    "modernbert": [],  # its config: modernbert_flags()
 }
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def modernbert_flags(config_overrides, folder):
+    """run_mlm.py's flags for the modernbert variant: a ModernBERT config.json of its own, and the
+    shape of `config_overrides` with the GeGLU MLP 2/3 as wide (its input projection is two
+    matrices of that width), the other keys left out (RoBERTa's dropout names are not
+    ModernBERT's)."""
+    path = Path(folder, "modernbert.json")
+    path.write_text(json.dumps({"model_type": "modernbert"}))
+    shape = dict(item.split("=", 1) for item in config_overrides.split(","))
+    shape = {key: value for key, value in shape.items() if key in SHAPE_KEYS}
+    if "intermediate_size" in shape:
+        shape["intermediate_size"] = str(round(2 * int(shape["intermediate_size"]) / 3))
+    overrides = ",".join(f"{key}={value}" for key, value in shape.items())
+    return ["--pretrained_model_config", str(path), "--config_overrides", overrides]
 
 
 def parse_args(argv=None):
@@ -111,6 +131,8 @@ def run_variant(args, variant, output_dir):
     argv += ["--per_replica_batch_size", str(args.batch_size), "--learning_rate", "1e-4"]
     argv += ["--max_steps", str(args.warmup_steps + args.steps), "--save_steps", "0"]
     argv += ["--no_pytorch_export", *VARIANTS[variant]]
+    if variant == "modernbert":
+        argv += modernbert_flags(args.config_overrides, Path(output_dir).parent)
     flags, clock = run_mlm.parse_args(argv), step_clock()
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
@@ -126,7 +148,8 @@ def training_flops(config, length, predicted_positions):
     """Matmul FLOPs of one training step a sequence: 3 x forward (a multiply-add is 2 FLOPs)."""
     hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     attention = 2 * 2 * length * length * hidden
-    per_layer = 2 * length * (4 * hidden * hidden + 2 * hidden * inner) + attention
+    mlp_widths = 3 if config["model_type"] == "modernbert" else 2  # GeGLU: two matrices in, one out
+    per_layer = 2 * length * (4 * hidden * hidden + mlp_widths * hidden * inner) + attention
     head = 2 * predicted_positions * (hidden * hidden + hidden * vocab)
     return 3 * (config["num_hidden_layers"] * per_layer + head)
 
@@ -164,12 +187,12 @@ def main(args):
 
     ceiling = matmul_ceiling(args.ceiling_sizes)
     print(f"Matmul ceiling (TensorFlow, square float32 matmuls): {ceiling / 1e9:.0f} GFLOP/s")
-    seconds, supplied = {variant: [] for variant in args.variants}, []
+    seconds, configs, supplied = {variant: [] for variant in args.variants}, {}, []
     with tempfile.TemporaryDirectory(prefix="training-speed-") as scratch:
         for round_ in range(args.rounds):
             for variant in args.variants:
                 output_dir = os.path.join(scratch, f"{round_}-{variant}")
-                step, config, flags = run_variant(args, variant, output_dir)
+                step, configs[variant], flags = run_variant(args, variant, output_dir)
                 seconds[variant].append(step)
                 print(f"round {round_ + 1}, {variant}: {step * 1000:.0f} ms/step", flush=True)
             if round_ == 0:
@@ -189,7 +212,7 @@ def main(args):
     rows = []
     for variant, step in median.items():
         head_positions = length if variant == "full" else predictions
-        flops = args.batch_size * training_flops(config, length, head_positions)
+        flops = args.batch_size * training_flops(configs[variant], length, head_positions)
         speedup = f"{median['full'] / step:.2f}x" if "full" in median else "—"
         rows.append(
             [

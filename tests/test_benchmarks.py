@@ -75,7 +75,8 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             assert_row(output, side, figures=6)
 
     def training_speed(output):
-        assert_row(output, "sparse", figures=5)  # "vs full" needs the full variant too
+        for variant in ("sparse", "modernbert"):  # "vs full" needs the full variant too
+            assert_row(output, variant, figures=5)
         assert re.search(r"Input pipeline alone: [\d,]+ sequences/s .* \*\*\d+x\*\*", output)
 
     def recipe_curve(output):
@@ -136,7 +137,8 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             beam_big_files,
         ),
         "training_speed.py": (
-            ["--train_dataset", train, "--tokenizer", tokenizer_dir, "--variants", "sparse"]
+            ["--train_dataset", train, "--tokenizer", tokenizer_dir]
+            + ["--variants", "sparse", "modernbert"]
             + ["--config_overrides", tiny_model, "--batch_size", 4, "--steps", 2]
             + ["--warmup_steps", 1, "--rounds", 1, "--pipeline_batches", 4]
             + ["--ceiling_sizes", 64],
