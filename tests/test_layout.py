@@ -6,6 +6,7 @@ tables of flag names, and the formatter is never switched off.
 """
 
 import ast
+import functools
 import re
 
 import pytest
@@ -20,6 +21,7 @@ SCRIPTS = {
 PACKAGE = REPO / "mlm_pipeline"
 
 
+@functools.lru_cache(maxsize=None)
 def package_imports(path, core=False):
     """The mlm_pipeline modules a file imports: anywhere in it, or with `core` at its top level only
     (a module imported inside a function loads only on the path that needs it: an optional
@@ -40,7 +42,7 @@ def package_imports(path, core=False):
             for alias in node.names:
                 if alias.name.startswith("mlm_pipeline."):
                     modules.add(alias.name.split(".")[1])
-    return modules
+    return frozenset(modules)
 
 
 def closure(script, core=False):
