@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The test suite in one command, on CPU: installs the pinned requirements, Apache Beam's included, and the
 # test tools (requirements-test.txt) into .venv unless a virtualenv or conda env is active, then runs pytest.
-# Offline but for tests/test_requirements.py, which asks the package index (-m "not network" skips it;
-# the whole suite runs it beside the rest, as it mostly waits).
+# Offline but for tests/test_requirements.py, which asks the package index (-m "not network" skips it).
 # Extra arguments go to pytest. README.md, "Two commands", says how long it takes.
 #
 #   bash run_tests.sh                 # everything, one pytest worker per core
@@ -47,18 +46,4 @@ fi
 # Cloud Storage emulator, a training run several tests read) are made once. Files are handed out longest
 # first (tests/conftest.py); pytest-xdist would otherwise start the files with the most tests first, and
 # a long file started last keeps one worker busy alone at the end.
-if [ $# -gt 0 ]; then
-  exec "$python" -m pytest tests -n auto --dist loadfile --no-loadscope-reorder "$@"
-fi
-# The whole suite: tests/test_requirements.py waits on the package index (pip's dry runs), not on the
-# CPU, so it runs in a process of its own beside the workers instead of holding one of them; its
-# report follows theirs.
-requirements_log=$(mktemp)
-"$python" -m pytest tests/test_requirements.py -m network -p no:cacheprovider >"$requirements_log" 2>&1 &
-requirements=$!
-status=0
-"$python" -m pytest tests -n auto --dist loadfile --no-loadscope-reorder -m "not network" || status=$?
-wait "$requirements" || status=$?
-cat "$requirements_log"
-rm -f "$requirements_log"
-exit "$status"
+"$python" -m pytest tests -n auto --dist loadfile --no-loadscope-reorder "$@"
