@@ -54,6 +54,7 @@ LONGEST_FILES = (
     "test_recipe.py",
     "test_corpus_formats.py",
     "test_walkthrough.py",
+    "test_walkthrough_modernbert.py",
     "test_requirements.py",
     "test_hub.py",
     "test_resume.py",

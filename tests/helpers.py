@@ -262,12 +262,32 @@ def dataset_files(cache):
     return sorted(path for path in files if path.is_file() and path.suffix != ".lock")
 
 
-def run_in_transformers5(python, script, request, report, what, hint):
-    """Run `script` (a tests/transformers5_*.py) with the transformers 5 virtualenv's `python` on
-    the JSON `request`; the test fails with the end of its stderr (and `hint`) if it fails, else
-    returns the JSON it wrote to `report`."""
+# transformers 5 with PyTorch, in a virtualenv of its own (run_tests.sh installs it): the tests that
+# load this pipeline's PyTorch copies there, or compare ModernBERT with transformers 5's own.
+TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
+INSTALL_HINT = (
+    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
+)
+
+
+def require_transformers5():
+    """The transformers 5 virtualenv's python; the test fails with the way to install it if it is
+    missing."""
+    if not TRANSFORMERS5_PYTHON.exists():
+        import pytest
+
+        pytest.fail(
+            f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False
+        )
+    return TRANSFORMERS5_PYTHON
+
+
+def run_in_transformers5(script, request, report, what):
+    """Run `script` (a tests/transformers5_*.py) with the transformers 5 virtualenv's python on the
+    JSON `request`; the test fails with the end of its stderr if it fails, else returns the JSON it
+    wrote to `report`."""
     result = subprocess.run(
-        [str(python), str(script), str(request), str(report)],
+        [str(require_transformers5()), str(script), str(request), str(report)],
         cwd=REPO,
         env=subprocess_env(),
         capture_output=True,
@@ -277,5 +297,6 @@ def run_in_transformers5(python, script, request, report, what, hint):
     if result.returncode != 0:
         import pytest
 
-        pytest.fail(f"transformers 5 failed on {what} ({hint} if stale):\n{result.stderr[-3000:]}")
+        stderr = result.stderr[-3000:]
+        pytest.fail(f"transformers 5 failed on {what} ({INSTALL_HINT} if stale):\n{stderr}")
     return json.loads(Path(report).read_text())

@@ -36,11 +36,7 @@ from helpers import MAX_LENGTH, REPO, run_in_transformers5
 
 FAMILIES = ("roberta", "bert", "xlm-roberta", "modernbert")
 TOKENIZER_FAMILIES = (*FAMILIES, "mmbert")  # mmbert: a tokenizer only
-TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_modernbert.py"
-TRANSFORMERS5_HINT = (
-    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
-)
 # The tiny ModernBERT: global and local layers (global, local, local, global), a window of 8
 # tokens (4 each side) shorter than the shards' MAX_LENGTH, RoPE bases other than the defaults.
 MODERNBERT = dict(
@@ -260,22 +256,11 @@ def modernbert_build(folder, tokenizer, seed=0):
 def run_transformers5(request, work_folder, what="the parents"):
     """Run tests/transformers5_modernbert.py once on `request` (a dict), its files in
     `work_folder`; returns its report. The test fails, with the script's error, if it fails."""
-    import pytest
-
-    if not TRANSFORMERS5_PYTHON.exists():
-        pytest.fail(f"{TRANSFORMERS5_PYTHON} is missing: {TRANSFORMERS5_HINT}.", pytrace=False)
     work_folder = Path(work_folder)
     work_folder.mkdir(parents=True, exist_ok=True)
     request_path, report_path = work_folder / "request.json", work_folder / "report.json"
     request_path.write_text(json.dumps({"build": [], "load": [], "configs": [], **request}))
-    return run_in_transformers5(
-        TRANSFORMERS5_PYTHON,
-        TRANSFORMERS5_SCRIPT,
-        request_path,
-        report_path,
-        what,
-        TRANSFORMERS5_HINT,
-    )
+    return run_in_transformers5(TRANSFORMERS5_SCRIPT, request_path, report_path, what)
 
 
 def save_parent(family, texts, folder, layout=None):

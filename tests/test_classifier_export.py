@@ -15,17 +15,13 @@ import json
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_MODEL, flags, run_in_transformers5
+from helpers import REPO, TINY_MODEL, flags, require_transformers5, run_in_transformers5
 
 import run_classifier
 from mlm_pipeline import architecture, contract
 from mlm_pipeline.errors import UsageError
 
-TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_text_classification.py"
-INSTALL_HINT = (
-    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
-)
 
 MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta", "modernbert")
 # ModernBERT with global and local layers both, its window of 8 tokens shorter than the sentences,
@@ -91,11 +87,7 @@ def fine_tune(model, output_dir, labelled, *extra):
 @pytest.fixture(scope="module")
 def transformers5_python():
     """The transformers 5 virtualenv's python, checked before any classifier is trained for it."""
-    if not TRANSFORMERS5_PYTHON.exists():
-        pytest.fail(
-            f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False
-        )
-    return TRANSFORMERS5_PYTHON
+    return require_transformers5()
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +120,7 @@ def transformers5(transformers5_python, trained, labelled, tmp_path_factory):
     }
     evaluation = {"texts": [text for text, _ in rows], "labels": [label for _, label in rows]}
     request.write_text(json.dumps({"folders": folders, "sentences": SENTENCES, "eval": evaluation}))
-    return run_in_transformers5(
-        transformers5_python, TRANSFORMERS5_SCRIPT, request, report, "the copies", INSTALL_HINT
-    )
+    return run_in_transformers5(TRANSFORMERS5_SCRIPT, request, report, "the copies")
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,9 @@ import json
 
 import numpy as np
 import pytest
-from helpers import REPO, run_in_transformers5
+from helpers import REPO, require_transformers5, run_in_transformers5
 
-TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_modernbert.py"
-INSTALL_HINT = (
-    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
-)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 SHARED = {
@@ -135,11 +131,7 @@ def write_pytorch_folder(model, folder):
 
 @pytest.fixture(scope="module")
 def transformers5_python():
-    if not TRANSFORMERS5_PYTHON.exists():
-        pytest.fail(
-            f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False
-        )
-    return TRANSFORMERS5_PYTHON
+    return require_transformers5()
 
 
 @pytest.fixture(scope="module")
@@ -199,14 +191,7 @@ def transformers5(transformers5_python, exported, config_folders, tmp_path_facto
     }
     request_path, report_path = root / "request.json", root / "report.json"
     request_path.write_text(json.dumps(request))
-    report = run_in_transformers5(
-        transformers5_python,
-        TRANSFORMERS5_SCRIPT,
-        request_path,
-        report_path,
-        "ModernBERT",
-        INSTALL_HINT,
-    )
+    report = run_in_transformers5(TRANSFORMERS5_SCRIPT, request_path, report_path, "ModernBERT")
     return report, built
 
 

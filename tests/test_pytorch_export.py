@@ -14,18 +14,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_MODEL, flags, mlm_flags, run_in_transformers5
+from helpers import (
+    INSTALL_HINT,
+    REPO,
+    TINY_MODEL,
+    TRANSFORMERS5_PYTHON,
+    flags,
+    mlm_flags,
+    require_transformers5,
+    run_in_transformers5,
+)
 from packaging.markers import Marker
 
 import run_mlm
 from mlm_pipeline import contract, model_folder
 
-TRANSFORMERS5_PYTHON = REPO / ".venv-transformers5" / "bin" / "python"
 TRANSFORMERS5_REQUIREMENTS = REPO / "requirements-export-test.txt"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_fill_mask.py"
-INSTALL_HINT = (
-    "run `bash run_tests.sh`, which installs requirements-export-test.txt into .venv-transformers5"
-)
 
 MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta", "modernbert")
 # ModernBERT (written here in TF) with global and local layers both, its window of 8 tokens shorter
@@ -102,11 +107,7 @@ def pinned_version(package):
 def transformers5_python():
     """The transformers 5 virtualenv's python, checked before any model is trained for it (the tests
     that use `transformers5` name it before the fixtures that train, so pytest sets it up first)."""
-    if not TRANSFORMERS5_PYTHON.exists():
-        pytest.fail(
-            f"{TRANSFORMERS5_PYTHON.relative_to(REPO)} is missing: {INSTALL_HINT}.", pytrace=False
-        )
-    return TRANSFORMERS5_PYTHON
+    return require_transformers5()
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +121,7 @@ def transformers5(transformers5_python, trained, tmp_path_factory):
         for model_type, (_, output_dir) in trained.items()
     }
     request.write_text(json.dumps({"folders": folders, "sentences": SENTENCES, "top_k": TOP_K}))
-    reports = run_in_transformers5(
-        transformers5_python, TRANSFORMERS5_SCRIPT, request, report, "the copies", INSTALL_HINT
-    )
+    reports = run_in_transformers5(TRANSFORMERS5_SCRIPT, request, report, "the copies")
     expected = (pinned_version("transformers"), pinned_version("torch"))
     for found in reports.values():
         # 2.13.0+cpu is 2.13.0

@@ -17,6 +17,10 @@ evaluation examples.
 import json
 import sys
 
+# the padded batch's ids, mask and logits, reported as for the masked LMs (this folder is on the
+# path: Python puts a script's own folder first)
+from transformers5_fill_mask import batch_logits
+
 HEAD_FIELDS = ("num_labels", "id2label", "label2id", "problem_type", "classifier_pooling")
 
 
@@ -30,21 +34,6 @@ def load_model(folder):
     # Sets of keys (and tuples for mismatched ones) as sorted lists of strings, for JSON.
     info = {key: sorted(str(item) for item in value) for key, value in loading_info.items()}
     return model, info
-
-
-def batch_logits(model, folder, sentences):
-    import torch
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    batch = tokenizer(sentences, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return {
-        "input_ids": batch["input_ids"].tolist(),
-        "attention_mask": batch["attention_mask"].tolist(),
-        "logits": logits.tolist(),
-    }
 
 
 def pipeline_answers(folder, sentences, evaluation):
