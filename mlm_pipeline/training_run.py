@@ -53,9 +53,10 @@ class TrainingRun:
         self.phase_end, self.evaluation = phase_end, evaluation
         self.max_length = manifests[0]["max_length"]
         self.tokens_per_step = plan.global_batch_size * self.max_length
-        settings = {"model_name_or_path": paths["model_name_or_path"]}
+        # what a resumed run must share: the parent, and the recipe groups' settings by name
+        shared = {"model_name_or_path": paths["model_name_or_path"]}
         for group in recipe:
-            settings.update(dataclasses.asdict(group))
+            shared.update(dataclasses.asdict(group))
         # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         self.card = functools.partial(
             model_card.model_card,
@@ -65,7 +66,7 @@ class TrainingRun:
             plan.global_batch_size,
             (total_steps, plan.steps_per_epoch),
             paths=paths,
-            recipe={**settings, **dataclasses.asdict(speed)},
+            recipe={**shared, **dataclasses.asdict(speed)},
         )
         self.chief = hosts.is_chief(strategy)
         self.pusher = None
@@ -82,7 +83,7 @@ class TrainingRun:
             )
         if self.chief:
             settings = checkpoints.resume_settings(
-                config, manifests[0], plan.global_batch_size, total_steps, settings
+                config, manifests[0], plan.global_batch_size, total_steps, shared
             )
             checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, settings)
         # nobody reads the checkpoints while the chief may still be clearing them
