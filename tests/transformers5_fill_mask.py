@@ -79,15 +79,21 @@ def report(folder, sentences, top_k):
     }
 
 
-def main(request_path, report_path):
+def write_reports(request_path, report_path, report_on):
+    """{name: report_on(folder, request)} for each of the request's "folders", written as JSON."""
     with open(request_path, encoding="utf-8") as file:
         request = json.load(file)
-    reports = {
-        name: report(folder, request["sentences"], request["top_k"])
-        for name, folder in request["folders"].items()
-    }
+    reports = {name: report_on(folder, request) for name, folder in request["folders"].items()}
     with open(report_path, "w", encoding="utf-8") as file:
         json.dump(reports, file)
+
+
+def main(request_path, report_path):
+    write_reports(
+        request_path,
+        report_path,
+        lambda folder, request: report(folder, request["sentences"], request["top_k"]),
+    )
 
 
 if __name__ == "__main__":

@@ -14,12 +14,11 @@ the padded batch's input ids, attention mask and logits for the sentences, pipel
 evaluation examples.
 """
 
-import json
 import sys
 
-# the padded batch's ids, mask and logits, reported as for the masked LMs (this folder is on the
-# path: Python puts a script's own folder first)
-from transformers5_fill_mask import batch_logits
+# the padded batch's ids, mask and logits, and the report file, as for the masked LMs (this folder
+# is on the path: Python puts a script's own folder first)
+from transformers5_fill_mask import batch_logits, write_reports
 
 HEAD_FIELDS = ("num_labels", "id2label", "label2id", "problem_type", "classifier_pooling")
 
@@ -73,14 +72,11 @@ def report(folder, sentences, evaluation):
 
 
 def main(request_path, report_path):
-    with open(request_path, encoding="utf-8") as file:
-        request = json.load(file)
-    reports = {
-        name: report(folder, request["sentences"], request["eval"])
-        for name, folder in request["folders"].items()
-    }
-    with open(report_path, "w", encoding="utf-8") as file:
-        json.dump(reports, file)
+    write_reports(
+        request_path,
+        report_path,
+        lambda folder, request: report(folder, request["sentences"], request["eval"]),
+    )
 
 
 if __name__ == "__main__":
