@@ -140,7 +140,7 @@ def dry_run(run, python, folder, wheels):
     command += ["--disable-pip-version-check", "--progress-bar", "off"]
     # Each package's metadata read from its wheel by HTTP range requests, where the index has no
     # separate metadata file: the same report without downloading every wheel whole (a TensorFlow
-    # wheel for each Python), a third of the CPU time. pip warns that the feature is experimental.
+    # wheel for each Python), in half the CPU time. pip warns that the feature is experimental.
     command += ["--use-feature=fast-deps"]
     command += [] if resolve else ["--no-deps"]
     # pip evaluates environment markers against the Python it runs on, whatever --python-version
