@@ -588,6 +588,15 @@ class TFModernBertPreTrainedModel(TFPreTrainedModel):
             training=training,
         )
 
+    @staticmethod
+    def output(output_class, loss, logits, outputs, return_dict):
+        """A head's output as transformers' TF models give it: a ModelOutput, or a tuple of
+        (loss,) logits (, hidden states) when return_dict is off."""
+        if return_dict:
+            return output_class(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        output = (logits,) + (() if outputs.hidden_states is None else (outputs.hidden_states,))
+        return output if loss is None else (loss,) + output
+
 
 class TFModernBertModel(TFModernBertPreTrainedModel):
     """The bare encoder; [0] of its output is the last hidden state. Its weights are named
@@ -657,10 +666,7 @@ class TFModernBertForMaskedLM(TFModernBertPreTrainedModel, TFMaskedLanguageModel
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None if labels is None else self.hf_compute_loss(labels, logits)
-        if not return_dict:
-            output = (logits,) + ((outputs.hidden_states,) if output_hidden_states else ())
-            return output if loss is None else (loss,) + output
-        return TFMaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return self.output(TFMaskedLMOutput, loss, logits, outputs, return_dict)
 
     def build(self, input_shape=None):
         if self.built:
@@ -716,12 +722,7 @@ class TFModernBertForSequenceClassification(
         pooled = self.dropout(self.head(pooled), training=training)
         logits = self.classifier(pooled)
         loss = None if labels is None else self.hf_compute_loss(labels, logits)
-        if not return_dict:
-            output = (logits,) + ((outputs.hidden_states,) if output_hidden_states else ())
-            return output if loss is None else (loss,) + output
-        return TFSequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states
-        )
+        return self.output(TFSequenceClassifierOutput, loss, logits, outputs, return_dict)
 
     def build(self, input_shape=None):
         if self.built:

@@ -490,6 +490,35 @@ def test_dropout_only_when_training(exported):
         assert np.abs(trained - logits).max() > 1e-3, rate_name
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_come_as_transformers_tf_models_give_them(kind, exported):
+    """A ModelOutput, or with return_dict off a tuple: (loss,) logits (, hidden states), the loss
+    there only with labels and the hidden states only when asked for (the embeddings' and each
+    layer's, the last after the final norm)."""
+    model, _, logits = exported["biases", kind]
+    input_ids, attention_mask = batch()
+    labels = input_ids if kind == "masked_lm" else np.arange(len(input_ids)) % 2
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    whole = model(**inputs, labels=labels, output_hidden_states=True)
+    layers = model.config.num_hidden_layers
+    assert len(whole.hidden_states) == layers + 1
+    for extra, expected in (
+        ({}, [logits]),
+        ({"labels": labels}, [whole.loss, logits]),
+        ({"output_hidden_states": True}, [logits, whole.hidden_states]),
+        (
+            {"labels": labels, "output_hidden_states": True},
+            [whole.loss, logits, whole.hidden_states],
+        ),
+    ):
+        output = model(**inputs, **extra, return_dict=False)
+        assert isinstance(output, tuple) and len(output) == len(expected), extra
+        for got, wanted in zip(output, expected):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(wanted), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(whole.logits.numpy(), logits, rtol=1e-6, atol=1e-6)
+    assert model(**inputs).hidden_states is None and model(**inputs).loss is None
+
+
 def test_initialization_follows_modernbert():
     """Truncated normals at ModernBERT's scales: initializer_range for embeddings, Wqkv and Wi;
     divided by sqrt(2 x layers) for the projections back into the residual stream; hidden**-0.5 for
