@@ -80,6 +80,17 @@ def jsonl_gz(documents):
     return gzip.compress("".join(row + "\n" for row in rows).encode("utf-8"))
 
 
+def upload_domain_corpus(gcs, seed):
+    """The domain text both continued walkthroughs read, as their sections describe it: JSON lines,
+    gzip-compressed, in gs://BUCKET/domain/ with a held-out file in domain-heldout/. Returns the
+    documents."""
+    documents = [line for line in make_corpus_lines(500, seed=seed) if line.strip()]
+    for part in range(2):
+        gcs.upload(BUCKET, f"domain/part-{part:05d}.jsonl.gz", jsonl_gz(documents[part::3]))
+    gcs.upload(BUCKET, "domain-heldout/part-00000.jsonl.gz", jsonl_gz(documents[2::3]))
+    return documents
+
+
 def without_config_overrides(words):
     """A continued model keeps its own shape: the test-size words but --config_overrides."""
     at = words.index("--config_overrides")
@@ -160,10 +171,7 @@ def test_the_continued_pretraining_walkthrough_runs_as_written(gcs, tmp_path):
         "run_mlm.py",
         "run_classifier.py",
     ]
-    documents = [line for line in make_corpus_lines(500, seed=5) if line.strip()]
-    for part in range(2):
-        gcs.upload(BUCKET, f"domain/part-{part:05d}.jsonl.gz", jsonl_gz(documents[part::3]))
-    gcs.upload(BUCKET, "domain-heldout/part-00000.jsonl.gz", jsonl_gz(documents[2::3]))
+    documents = upload_domain_corpus(gcs, seed=5)
     # roberta-base as a tiny model of its kind (byte-level BPE, <mask>, 32 positions), in the
     # session's Hugging Face cache (conftest.py: offline), where the scripts look it up
     parent = save_parent("roberta", documents, tmp_path / "stand-in")

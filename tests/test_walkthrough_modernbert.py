@@ -9,15 +9,15 @@ import io
 import json
 import os
 
-from helpers import make_corpus_lines, subprocess_env
+from helpers import subprocess_env
 from parent_models import cache_as_hub_model, save_parent
 from test_walkthrough import (  # noqa: F401 (gcs: the Cloud Storage emulator fixture)
     BUCKET,
     TEST_SIZE,
     gcs,
-    jsonl_gz,
     labelled_set,
     run_walkthrough,
+    upload_domain_corpus,
     walkthrough_commands,
     without_config_overrides,
 )
@@ -37,10 +37,7 @@ def test_the_modernbert_walkthrough_runs_as_written(gcs, tmp_path):  # noqa: F81
         "run_mlm.py",
         "run_classifier.py",
     ]
-    documents = [line for line in make_corpus_lines(500, seed=7) if line.strip()]
-    for part in range(2):
-        gcs.upload(BUCKET, f"domain/part-{part:05d}.jsonl.gz", jsonl_gz(documents[part::3]))
-    gcs.upload(BUCKET, "domain-heldout/part-00000.jsonl.gz", jsonl_gz(documents[2::3]))
+    documents = upload_domain_corpus(gcs, seed=7)
     save_parent("modernbert", documents, tmp_path / "stand-in")
     hub_id = "answerdotai/ModernBERT-base"
     cache_as_hub_model(tmp_path / "stand-in", hub_id, os.environ["HF_HUB_CACHE"])
