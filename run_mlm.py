@@ -25,11 +25,9 @@ Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipe
 pusher, the PyTorch copy and the parent's loader are imported only when their flags ask.
 """
 
-import argparse
 import dataclasses
 import functools
 import math
-import sys
 from typing import Optional
 
 from mlm_pipeline import (
@@ -41,7 +39,6 @@ from mlm_pipeline import (
     model_folder,
     segments,
     shard_checks,
-    storage,
     tf_startup,
     training_logs,
     training_run,
@@ -49,7 +46,6 @@ from mlm_pipeline import (
 )
 from mlm_pipeline.contract import FEATURE_NAME
 from mlm_pipeline.errors import (
-    OneLineErrorParser,
     UsageError,
     exit_on_usage_error,
     fraction_below_one,
@@ -59,10 +55,36 @@ from mlm_pipeline.errors import (
     positive_int,
     probability,
 )
+from mlm_pipeline.settings import parse_command_line, setting
 
-# The settings travel in these groups, each made once from the flags of its name (`settings()`)
-# and handed on whole. A resumed run must share the masking and the optimizer (they shape its
-# batches and updates); the model card shows them and the speed settings.
+# The settings, each declared once: a field of its group, with its flag's help, type and default.
+# The command line is built from the groups (parse_args), and each group travels whole to the code
+# that reads it. A resumed run must share the masking and the optimizer (they shape its batches and
+# updates); the model card shows them and the speed settings. Each group checks its own settings,
+# and Settings the rules across groups, as the command line is read: before any work.
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The shards to train and evaluate on, and the tokenizer that wrote them."""
+
+    train_dataset: str = setting(
+        "Folder of training shards written by prepare_tfrecord_shards.py (local or gs://).",
+        required=True,
+    )
+    eval_dataset: Optional[str] = setting(
+        "Folder of evaluation shards, scored at the end of every epoch, or every --eval_steps "
+        "steps (local or gs://)."
+    )
+    tokenizer: Optional[str] = setting(
+        "The shards' tokenizer: a folder or a Hub id; with --model_name_or_path, that model's "
+        "own when not given."
+    )
+    max_length: Optional[int] = setting(
+        "Tokens a sequence. Should match the setting used in prepare_tfrecord_shards.py "
+        "(--max_length): checked against the shards' manifest; the shards' own when not given.",
+        type=positive_int,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +92,30 @@ class Model:
     """The model to train: a published masked LM to continue, or an architecture to train from
     random weights."""
 
-    model_name_or_path: Optional[str]
-    pretrained_model_config: Optional[str]
-    config_overrides: Optional[str]
-    trust_remote_code: bool
+    model_name_or_path: Optional[str] = setting(
+        "Continue pretraining this masked LM on your text: a Hub id (roberta-base, "
+        "bert-base-uncased, xlm-roberta-base, ...) or a finished run_mlm.py folder (local or "
+        "gs://). Its weights, LM head included, are the start; the optimizer starts afresh."
+    )
+    pretrained_model_config: Optional[str] = setting(
+        "Architecture to train from random weights (Hub id, folder or config.json; never its "
+        "weights); RoBERTa-base's when not given."
+    )
+    config_overrides: Optional[str] = setting(
+        "Changes to the architecture, e.g. hidden_size=256,num_hidden_layers=4; with "
+        "--model_name_or_path, dropout only."
+    )
+    trust_remote_code: bool = setting(
+        "Allow the Python code of a Hub repository's tokenizer or config to run.", False
+    )
+
+    def __post_init__(self):
+        if self.model_name_or_path and self.pretrained_model_config:
+            raise UsageError(
+                f"--model_name_or_path {self.model_name_or_path} continues that model, weights and "
+                f"architecture, but --pretrained_model_config {self.pretrained_model_config} names "
+                "an architecture to train from random weights; pass one of them."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,27 +123,77 @@ class Masking:
     """What each training batch holds, drawn from the seed: the shuffle, the masks, the
     sequence-length warmup."""
 
-    seed: int
-    mlm_probability: float
-    train_mlm_probability: Optional[float]
-    whole_word_masking: bool
-    shuffle_buffer_size: int
-    short_sequence_length: Optional[int]
-    short_sequence_ratio: float
+    seed: int = setting("Seed of the shuffles, the masks and the initial weights.", 42, type=int)
+    mlm_probability: float = setting(
+        "Share of each sequence's tokens masked (in training too, unless --train_mlm_probability).",
+        0.15,
+        type=probability,
+    )
+    train_mlm_probability: Optional[float] = setting(
+        "Share masked in training alone, e.g. 0.3; evaluation keeps --mlm_probability.",
+        type=probability,
+    )
+    whole_word_masking: bool = setting(
+        "In training, mask every piece of a chosen word, never part of one.", False
+    )
+    shuffle_buffer_size: int = setting(
+        "Training sequences shuffled together: the shards are read in blocks this long.",
+        2**16,
+        type=positive_int,
+    )
+    short_sequence_length: Optional[int] = setting(
+        "Sequence-length warmup: train the first steps on pieces of this many tokens, cut from "
+        "the shards' sequences.",
+        type=positive_int,
+    )
+    short_sequence_ratio: float = setting(
+        "Share of the steps trained on those pieces (with --short_sequence_length).",
+        0.5,
+        type=probability,
+    )
+
+    @property
+    def train_probability(self):
+        """The share masked in training: --train_mlm_probability, else --mlm_probability."""
+        return self.train_mlm_probability or self.mlm_probability
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
     """AdamW and its learning-rate schedule."""
 
-    learning_rate: float
-    weight_decay_rate: float
-    warmup_ratio: float
-    decay_ratio: Optional[float]
-    max_grad_norm: float
-    adam_beta1: float
-    adam_beta2: float
-    adam_epsilon: float
+    learning_rate: float = setting("Peak learning rate.", 1e-4, type=positive_float)
+    weight_decay_rate: float = setting(
+        "AdamW's weight decay (none on biases and layer norms).", 0.01, type=non_negative_float
+    )
+    warmup_ratio: float = setting(
+        "Share of the steps over which the learning rate rises to its peak.",
+        0.05,
+        type=fraction_below_one,
+    )
+    decay_ratio: Optional[float] = setting(
+        "Hold the peak, then decay to 0 over this last share of the steps; when not given, the "
+        "decay starts right after the warmup.",
+        type=positive_float,
+    )
+    max_grad_norm: float = setting(
+        "Clip the gradients of all replicas together to this global norm; 0: no clipping.",
+        0.0,
+        type=non_negative_float,
+    )
+    adam_beta1: float = setting(
+        "Adam's beta1: how slowly the running mean of the gradients forgets.",
+        0.9,
+        type=fraction_below_one,
+    )
+    adam_beta2: float = setting(
+        "Adam's beta2: how slowly the running mean of their squares forgets.",
+        0.999,
+        type=fraction_below_one,
+    )
+    adam_epsilon: float = setting(
+        "Adam's epsilon, added to the denominator of every update.", 1e-8, type=positive_float
+    )
 
     def __post_init__(self):
         if self.decay_ratio is not None and self.decay_ratio > 1.0 - self.warmup_ratio:
@@ -115,12 +207,32 @@ class Optimizer:
 class Speed:
     """How each step runs on the hardware: the same updates at another cost (but for the batch)."""
 
-    per_replica_batch_size: int
-    gradient_accumulation_steps: int
-    mlm_head: str
-    bfloat16: bool
-    jit_compile: bool
-    steps_per_execution: int
+    per_replica_batch_size: int = setting(
+        "Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
+        8,
+        type=positive_int,
+    )
+    gradient_accumulation_steps: int = setting(
+        "Split each replica's batch into this many micro-batches: the same step, in less memory.",
+        1,
+        type=positive_int,
+    )
+    mlm_head: str = setting(
+        "Run the LM head at the masked positions only (sparse) or everywhere (full): the same "
+        "loss, more work.",
+        "sparse",
+        choices=("sparse", "full"),
+    )
+    bfloat16: bool = setting(
+        "Mixed precision: compute in bfloat16, keep the weights in float32 (TPUs, recent GPUs).",
+        False,
+    )
+    jit_compile: bool = setting("Compile the training step with XLA.", False)
+    steps_per_execution: int = setting(
+        "Steps run by one call to the device: more hide the host's overhead (TPUs).",
+        1,
+        type=positive_int,
+    )
 
     def __post_init__(self):
         if self.per_replica_batch_size % self.gradient_accumulation_steps:
@@ -134,348 +246,226 @@ class Speed:
 class Steps:
     """How long to train, and when to evaluate, checkpoint and log."""
 
-    num_epochs: int
-    max_steps: Optional[int]
-    eval_steps: Optional[int]
-    max_eval_samples: Optional[int]
-    save_steps: int
-    save_total_limit: int
-    logging_steps: int
+    num_epochs: int = setting(
+        "Passes over the training shards (unless --max_steps).", 1, type=positive_int
+    )
+    max_steps: Optional[int] = setting(
+        "Optimizer steps in all, in place of --num_epochs: may end mid-pass or repeat data.",
+        type=positive_int,
+    )
+    eval_steps: Optional[int] = setting(
+        "Evaluate every this many optimizer steps, whatever the epochs, and there write the "
+        "TensorBoard and training_log.csv figures, a checkpoint and the Hub snapshot; when not "
+        "given, at every epoch end.",
+        type=positive_int,
+    )
+    max_eval_samples: Optional[int] = setting(
+        "Score only the first this many sequences of --eval_dataset, in whole global batches (on "
+        "several hosts, each host's first share); all of them when not given.",
+        type=positive_int,
+    )
+    save_steps: int = setting(
+        "Save a checkpoint every this many steps, and at every evaluation (every epoch end, or "
+        "--eval_steps); 0: at evaluations only.",
+        1000,
+        type=non_negative_int,
+    )
+    save_total_limit: int = setting(
+        "How many of the newest checkpoints to keep.", 3, type=positive_int
+    )
+    logging_steps: int = setting(
+        "Write the training scalars to TensorBoard every this many steps.", 50, type=positive_int
+    )
+
+    def total_steps(self, steps_per_epoch):
+        """Optimizer steps in all: --max_steps, else --num_epochs passes of `steps_per_epoch`."""
+        return self.max_steps or self.num_epochs * steps_per_epoch
+
+    def steps_per_evaluation(self, steps_per_epoch):
+        """Optimizer steps between evaluations: --eval_steps, else an epoch of the data."""
+        return self.eval_steps or steps_per_epoch
 
 
 @dataclasses.dataclass(frozen=True)
 class Output:
     """Where the model goes: --output_dir, with its PyTorch copy, and the Hub."""
 
-    output_dir: str
-    overwrite_output_dir: bool
-    no_pytorch_export: bool
-    hub_model_id: Optional[str]
-    hub_private: bool
-    hub_push_timeout: int
+    output_dir: str = setting(
+        "Where the model, its checkpoints and its logs go (local or gs://).", required=True
+    )
+    overwrite_output_dir: bool = setting(
+        "Replace a finished model in --output_dir instead of refusing to.", False
+    )
+    no_pytorch_export: bool = setting(
+        "Skip the pytorch/ copy of the model that transformers 5 loads.", False
+    )
+    hub_model_id: Optional[str] = setting(
+        "Push snapshots and the model to this Hub repo (namespace/name)."
+    )
+    hub_private: bool = setting("Make a new --hub_model_id repo private.", False)
+    hub_push_timeout: int = setting(
+        "Seconds to wait, at most, for the final Hub push to upload.",
+        hub.FINAL_PUSH_TIMEOUT,
+        type=positive_int,
+    )
+
+    def __post_init__(self):
+        hub.check_hub_flags(self.hub_model_id, self.hub_private, "my-user/roberta-from-scratch")
 
 
-def settings(group, args):
-    """The settings `group` (a dataclass above) holds: the flags named as its fields."""
-    return group(**{field.name: getattr(args, field.name) for field in dataclasses.fields(group)})
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Where the steps run: a TPU, else GPUs, a cluster of machines or the CPU."""
+
+    tpu_name: str = setting("TPU name; 'local' on a TPU VM or a pod slice.", "local")
+    tpu_zone: Optional[str] = setting(
+        "Zone of a TPU node (the older TPUs driven from a separate VM); not needed on a TPU VM."
+    )
+    gcp_project: Optional[str] = setting("GCP project of a TPU node; not needed on a TPU VM.")
+    no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
+    multi_worker: bool = setting("Train on the machines TF_CONFIG lists (implies --no_tpu).", False)
+    cpu_replicas: int = setting(
+        "Split the CPU into this many replicas, to rehearse a TPU's (with --no_tpu).",
+        1,
+        type=positive_int,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every group of run_mlm.py's settings, named as its --help group, and the rules across
+    groups."""
+
+    data: Data
+    model: Model
+    masking: Masking
+    optimizer: Optimizer
+    speed: Speed
+    steps: Steps
+    output: Output
+    hardware: Hardware
+
+    def __post_init__(self):
+        hosts.check_hardware_flags(self.hardware, self.speed.jit_compile)
+        if not self.model.model_name_or_path and not self.data.tokenizer:
+            raise UsageError(
+                "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
+                "wrote (or a Hub id), or --model_name_or_path to continue a published model with "
+                "its own tokenizer."
+            )
+        if self.steps.max_eval_samples and not self.data.eval_dataset:
+            raise UsageError(
+                f"--max_eval_samples {self.steps.max_eval_samples} limits the evaluation, which "
+                "needs --eval_dataset: give the evaluation shards, or drop --max_eval_samples."
+            )
 
 
 def parse_args(argv=None):
-    parser = OneLineErrorParser(
+    """The command line as Settings; a flag or a rule broken is refused in one line."""
+    return parse_command_line(
+        Settings,
+        argv,
+        prog="run_mlm.py",
         description="Pretrain a masked language model on TFRecord shards, from scratch or from "
         "a published model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument_group("data").add_argument
-    add(
-        "--train_dataset",
-        required=True,
-        help="Folder of training shards written by prepare_tfrecord_shards.py (local or gs://).",
-    )
-    add(
-        "--eval_dataset",
-        help="Folder of evaluation shards, scored at the end of every epoch, or every "
-        "--eval_steps steps (local or gs://).",
-    )
-    add(
-        "--tokenizer",
-        help="The shards' tokenizer: a folder or a Hub id; with --model_name_or_path, that "
-        "model's own when not given.",
-    )
-    add = parser.add_argument_group("model", Model.__doc__).add_argument
-    add(
-        "--model_name_or_path",
-        help="Continue pretraining this masked LM on your text: a Hub id (roberta-base, "
-        "bert-base-uncased, xlm-roberta-base, ...) or a finished run_mlm.py folder (local or "
-        "gs://). Its weights, LM head included, are the start; the optimizer starts afresh.",
-    )
-    add(
-        "--pretrained_model_config",
-        help="Architecture to train from random weights (Hub id, folder or config.json; never "
-        "its weights); RoBERTa-base's when not given.",
-    )
-    add(
-        "--config_overrides",
-        help="Changes to the architecture, e.g. hidden_size=256,num_hidden_layers=4; with "
-        "--model_name_or_path, dropout only.",
-    )
-    add(
-        "--trust_remote_code",
-        action="store_true",
-        help="Allow the Python code of a Hub repository's tokenizer or config to run.",
-    )
-    add = parser.add_argument_group("masking", Masking.__doc__).add_argument
-    add(
-        "--seed",
-        type=int,
-        default=42,
-        help="Seed of the shuffles, the masks and the initial weights.",
-    )
-    add(
-        "--mlm_probability",
-        type=probability,
-        default=0.15,
-        help="Share of each sequence's tokens masked (in training too, unless "
-        "--train_mlm_probability).",
-    )
-    add(
-        "--train_mlm_probability",
-        type=probability,
-        help="Share masked in training alone, e.g. 0.3; evaluation keeps --mlm_probability.",
-    )
-    add(
-        "--whole_word_masking",
-        action="store_true",
-        help="In training, mask every piece of a chosen word, never part of one.",
-    )
-    add(
-        "--shuffle_buffer_size",
-        type=positive_int,
-        default=2**16,
-        help="Training sequences shuffled together: the shards are read in blocks this long.",
-    )
-    add(
-        "--short_sequence_length",
-        type=positive_int,
-        help="Sequence-length warmup: train the first steps on pieces of this many tokens, cut "
-        "from the shards' sequences.",
-    )
-    add(
-        "--short_sequence_ratio",
-        type=probability,
-        default=0.5,
-        help="Share of the steps trained on those pieces (with --short_sequence_length).",
-    )
-    add = parser.add_argument_group("optimizer", Optimizer.__doc__).add_argument
-    add("--learning_rate", type=positive_float, default=1e-4, help="Peak learning rate.")
-    add(
-        "--weight_decay_rate",
-        type=non_negative_float,
-        default=0.01,
-        help="AdamW's weight decay (none on biases and layer norms).",
-    )
-    add(
-        "--warmup_ratio",
-        type=fraction_below_one,
-        default=0.05,
-        help="Share of the steps over which the learning rate rises to its peak.",
-    )
-    add(
-        "--decay_ratio",
-        type=positive_float,
-        help="Hold the peak, then decay to 0 over this last share of the steps; when not given, "
-        "the decay starts right after the warmup.",
-    )
-    add(
-        "--max_grad_norm",
-        type=non_negative_float,
-        default=0.0,
-        help="Clip the gradients of all replicas together to this global norm; 0: no clipping.",
-    )
-    add(
-        "--adam_beta1",
-        type=fraction_below_one,
-        default=0.9,
-        help="Adam's beta1: how slowly the running mean of the gradients forgets.",
-    )
-    add(
-        "--adam_beta2",
-        type=fraction_below_one,
-        default=0.999,
-        help="Adam's beta2: how slowly the running mean of their squares forgets.",
-    )
-    add(
-        "--adam_epsilon",
-        type=positive_float,
-        default=1e-8,
-        help="Adam's epsilon, added to the denominator of every update.",
-    )
-    add = parser.add_argument_group("speed", Speed.__doc__).add_argument
-    add(
-        "--per_replica_batch_size",
-        type=positive_int,
-        default=8,
-        help="Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
-    )
-    add(
-        "--gradient_accumulation_steps",
-        type=positive_int,
-        default=1,
-        help="Split each replica's batch into this many micro-batches: the same step, in less "
-        "memory.",
-    )
-    add(
-        "--mlm_head",
-        choices=("sparse", "full"),
-        default="sparse",
-        help="Run the LM head at the masked positions only (sparse) or everywhere (full): the "
-        "same loss, more work.",
-    )
-    add(
-        "--bfloat16",
-        action="store_true",
-        help="Mixed precision: compute in bfloat16, keep the weights in float32 (TPUs, recent "
-        "GPUs).",
-    )
-    add("--jit_compile", action="store_true", help="Compile the training step with XLA.")
-    add(
-        "--steps_per_execution",
-        type=positive_int,
-        default=1,
-        help="Steps run by one call to the device: more hide the host's overhead (TPUs).",
-    )
-    add = parser.add_argument_group("steps", Steps.__doc__).add_argument
-    add(
-        "--num_epochs",
-        type=positive_int,
-        default=1,
-        help="Passes over the training shards (unless --max_steps).",
-    )
-    add(
-        "--max_steps",
-        type=positive_int,
-        help="Optimizer steps in all, in place of --num_epochs: may end mid-pass or repeat data.",
-    )
-    add(
-        "--eval_steps",
-        type=positive_int,
-        help="Evaluate every this many optimizer steps, whatever the epochs, and there write the "
-        "TensorBoard and training_log.csv figures, a checkpoint and the Hub snapshot; when not "
-        "given, at every epoch end.",
-    )
-    add(
-        "--max_eval_samples",
-        type=positive_int,
-        help="Score only the first this many sequences of --eval_dataset, in whole global "
-        "batches (on several hosts, each host's first share); all of them when not given.",
-    )
-    add(
-        "--save_steps",
-        type=non_negative_int,
-        default=1000,
-        help="Save a checkpoint every this many steps, and at every evaluation (every epoch end, "
-        "or --eval_steps); 0: at evaluations only.",
-    )
-    add(
-        "--save_total_limit",
-        type=positive_int,
-        default=3,
-        help="How many of the newest checkpoints to keep.",
-    )
-    add(
-        "--logging_steps",
-        type=positive_int,
-        default=50,
-        help="Write the training scalars to TensorBoard every this many steps.",
-    )
-    add = parser.add_argument_group("output", Output.__doc__).add_argument
-    add(
-        "--output_dir",
-        required=True,
-        help="Where the model, its checkpoints and its logs go (local or gs://).",
-    )
-    add(
-        "--overwrite_output_dir",
-        action="store_true",
-        help="Replace a finished model in --output_dir instead of refusing to.",
-    )
-    add(
-        "--no_pytorch_export",
-        action="store_true",
-        help="Skip the pytorch/ copy of the model that transformers 5 loads.",
-    )
-    add("--hub_model_id", help="Push snapshots and the model to this Hub repo (namespace/name).")
-    add("--hub_private", action="store_true", help="Make a new --hub_model_id repo private.")
-    add(
-        "--hub_push_timeout",
-        type=positive_int,
-        default=hub.FINAL_PUSH_TIMEOUT,
-        help="Seconds to wait, at most, for the final Hub push to upload.",
-    )
-    add = parser.add_argument_group("hardware").add_argument
-    add("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM or a pod slice.")
-    add(
-        "--tpu_zone",
-        help="Zone of a TPU node (the older TPUs driven from a separate VM); not needed on a TPU "
-        "VM.",
-    )
-    add("--gcp_project", help="GCP project of a TPU node; not needed on a TPU VM.")
-    add("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
-    add(
-        "--multi_worker",
-        action="store_true",
-        help="Train on the machines TF_CONFIG lists (implies --no_tpu).",
-    )
-    add(
-        "--cpu_replicas",
-        type=positive_int,
-        default=1,
-        help="Split the CPU into this many replicas, to rehearse a TPU's (with --no_tpu).",
-    )
-    return parser.parse_args(argv)
 
 
-def build_strategy(args):
-    """TPUStrategy unless --no_tpu; without a TPU, mirrored over a cluster, the GPUs or split CPUs,
-    or the default strategy on one CPU (hosts.py). TF's start-up log is shown only if this fails."""
-    import tensorflow as tf
-
-    with tf_startup.tensorflow_startup_log_held_back():
-        if args.no_tpu:
-            return hosts.strategy_without_tpu(args.multi_worker, args.cpu_replicas)
-        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
-        return tf.distribute.TPUStrategy(resolver)
+def check_paths(settings):
+    """The paths the run reads and writes, one line for any that cannot work, before any work: the
+    gs:// ones probed, the output folder refused when it holds a finished model (model_folder.py).
+    The flags' own rules were checked as the command line was read (Settings)."""
+    data, output = settings.data, settings.output
+    inputs = {"--train_dataset": data.train_dataset, "--eval_dataset": data.eval_dataset}
+    inputs["--model_name_or_path"] = settings.model.model_name_or_path
+    model_folder.check_output(output, inputs)
 
 
-def max_predictions(max_length, mlm_probability):
-    """Predictions a sequence: masking never chooses more, so shapes stay static (XLA, TPUs)."""
-    return max(1, math.ceil(max_length * mlm_probability))
+def load_parent(model):
+    """--model_name_or_path: the published model to continue, its config and tokenizer (its weights
+    come with the model); checked, with --config_overrides, before any work. None without it."""
+    if not model.model_name_or_path:
+        return None
+    from mlm_pipeline.pretrained_model import Parent  # only for continued pretraining
+
+    return Parent(model.model_name_or_path, model.config_overrides, model.trust_remote_code)
 
 
-def mask_tokens(
-    input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids, word_starts=None
-):
-    """BERT masking in TF ops, stateless: the same seed gives the same masks. In each sequence,
-    round(`mlm_probability` x its non-special tokens) positions are chosen at random (no special
-    token, <unk> included); 80% become [MASK], 10% a random token, 10% stay. An exact count, as in
-    BERT, means at most `max_predictions()` positions, which the model can score alone. Returns the
-    masked ids [batch, length], the positions [batch, predictions] and their labels (-100 in slots
-    beyond the count: skipped). With `word_starts`, whole words (whole_words.py)."""
-    import tensorflow as tf
-
-    seeds = tf.random.experimental.stateless_split(seed, 3)
-    choose_seed, action_seed, random_seed = tf.unstack(seeds)
-    shape = tf.shape(input_ids)
-    length = input_ids.shape[-1]
-    predictions = max_predictions(length, mlm_probability)
-    maskable = ~tf.reduce_any(tf.equal(input_ids[..., None], special_ids), axis=-1)
-    candidates = tf.reduce_sum(tf.cast(maskable, tf.float32), axis=-1)
-    count = tf.cast(tf.round(mlm_probability * candidates), tf.int32)
-
-    # A random ranking of the maskable positions; the first `count` of each row are chosen.
-    noise = tf.random.stateless_uniform(shape, choose_seed)
-    if word_starts is None:
-        _, ranked = tf.math.top_k(tf.where(maskable, noise, -1.0), k=predictions)
-        used = tf.range(predictions)[None, :] < count[:, None]
-    else:
-        ranked, used = whole_words.ranking(
-            input_ids, maskable, noise, count, predictions, word_starts
+def load_tokenizer(data, model, parent):
+    """The shards' tokenizer, named as the user gave it (contract.NamedTokenizer): --tokenizer, else
+    the parent's own."""
+    if data.tokenizer:
+        tokenizer = contract.load_tokenizer(
+            data.tokenizer, "--tokenizer", model.trust_remote_code, require_mlm_tokens=True
         )
-    positions = tf.where(used, ranked, 0)
-    labels = tf.where(used, tf.gather(input_ids, positions, batch_dims=1), -100)
-    one_hot = tf.one_hot(positions, length, on_value=True, off_value=False)
-    chosen = tf.reduce_any(one_hot & used[..., None], axis=1)
+        return contract.NamedTokenizer(tokenizer, data.tokenizer, f"--tokenizer {data.tokenizer}")
+    name = model.model_name_or_path
+    flag = f"the tokenizer of --model_name_or_path {name}"
+    return contract.NamedTokenizer(parent.tokenizer, name, flag)
 
-    action = tf.random.stateless_uniform(shape, action_seed)
-    to_mask = chosen & (action < 0.8)
-    to_random = chosen & (action >= 0.8) & (action < 0.9)
-    replacements = tf.size(replacement_ids)
-    random_index = tf.random.stateless_uniform(
-        shape, random_seed, maxval=replacements, dtype=tf.int32
+
+def read_shards(data, masking, tokenizer, parent):
+    """The manifests of the train and evaluation shards (the second None without --eval_dataset)
+    and their sequences' length, checked before any work against `tokenizer` (a
+    contract.NamedTokenizer), --max_length, --whole_word_masking and the parent's vocabulary and
+    positions."""
+    if masking.whole_word_masking:  # its vocabulary must say where words start
+        whole_words.check_word_markers(tokenizer.tokenizer, tokenizer.flag)
+    manifests = shard_checks.read_training_manifests(
+        data.train_dataset, data.eval_dataset, tokenizer
     )
-    random_tokens = tf.gather(replacement_ids, random_index)
-    masked_ids = tf.where(to_mask, mask_token_id, tf.where(to_random, random_tokens, input_ids))
-    return masked_ids, positions, labels
+    max_length = shard_checks.check_max_length(data.max_length, manifests[0], data.train_dataset)
+    if parent:  # its vocabulary and positions must hold the shards'
+        parent.check_continuation(tokenizer.tokenizer, tokenizer.flag, max_length)
+    return manifests, max_length
+
+
+def sequence_length_warmup(max_length, total_steps, masking):
+    """(steps on short pieces, pieces per sequence): the sequence-length warmup's short phase, cut
+    from the shards as they are (not the learning rate's --warmup_ratio). On short sequences a
+    [MASK] gets more of the attention from its neighbours, and each position is trained by more
+    sequences a step: a model learns to read its context sooner. BERT did 90% of its steps at 128
+    tokens, then 512, from data written twice; here the phase follows from the step."""
+    short = masking.short_sequence_length
+    if short is None:
+        return 0, 1
+    if short >= max_length or max_length % short:
+        raise UsageError(
+            f"--short_sequence_length {short} must divide the shards' length {max_length} into "
+            f"pieces (e.g. {max_length // 4}); or drop it to train at full length throughout."
+        )
+    short_steps, pieces = round(masking.short_sequence_ratio * total_steps), max_length // short
+    print(
+        f"Sequence-length warmup: steps 1-{short_steps:,} on {pieces} pieces of {short} tokens a "
+        f"sequence, the rest at {max_length}."
+    )
+    return short_steps, pieces
+
+
+def distributed_dataset(
+    strategy, plan, training, tokenizer, max_length, masking, start_step=0, pieces=1
+):
+    """Every replica's masked batches from optimizer step `start_step` on: one input pipeline per
+    host (build_dataset), each reading shard files of its own and batched for its own replicas
+    (hosts.py's `plan`)."""
+
+    def host_pipeline(context):
+        host = plan.pipeline_input(context, start_step)
+        return build_dataset(
+            files=host.files,
+            batch_size=host.batch_size,
+            training=training,
+            tokenizer=tokenizer,
+            max_length=max_length,
+            masking=masking,
+            pipeline=host.pipeline,
+            batches_per_epoch=host.batches_per_epoch,
+            start_epoch=host.start_epoch,
+            start_batch=host.start_batch,
+            pieces=pieces,
+        )
+
+    return strategy.distribute_datasets_from_function(host_pipeline)
 
 
 def build_dataset(
@@ -510,9 +500,7 @@ def build_dataset(
     word_starts = None
     if training and masking.whole_word_masking:
         word_starts = tf.constant(whole_words.word_start_table(tokenizer))
-    mlm_probability = masking.mlm_probability
-    if training and masking.train_mlm_probability:
-        mlm_probability = masking.train_mlm_probability
+    mlm_probability = masking.train_probability if training else masking.mlm_probability
     files = tf.constant(files)
     base_seed = tf.constant([masking.seed, 1 if training else 2], dtype=tf.int64)  # train, eval
     if pipeline:  # each host draws its own; host 0 draws those of a single-host run
@@ -571,6 +559,69 @@ def build_dataset(
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def mask_tokens(
+    input_ids, seed, mlm_probability, mask_token_id, special_ids, replacement_ids, word_starts=None
+):
+    """BERT masking in TF ops, stateless: the same seed gives the same masks. In each sequence,
+    round(`mlm_probability` x its non-special tokens) positions are chosen at random (no special
+    token, <unk> included); 80% become [MASK], 10% a random token, 10% stay. An exact count, as in
+    BERT, means at most `max_predictions()` positions, which the model can score alone. Returns the
+    masked ids [batch, length], the positions [batch, predictions] and their labels (-100 in slots
+    beyond the count: skipped). With `word_starts`, whole words (whole_words.py)."""
+    import tensorflow as tf
+
+    seeds = tf.random.experimental.stateless_split(seed, 3)
+    choose_seed, action_seed, random_seed = tf.unstack(seeds)
+    shape = tf.shape(input_ids)
+    length = input_ids.shape[-1]
+    predictions = max_predictions(length, mlm_probability)
+    maskable = ~tf.reduce_any(tf.equal(input_ids[..., None], special_ids), axis=-1)
+    candidates = tf.reduce_sum(tf.cast(maskable, tf.float32), axis=-1)
+    count = tf.cast(tf.round(mlm_probability * candidates), tf.int32)
+
+    # A random ranking of the maskable positions; the first `count` of each row are chosen.
+    noise = tf.random.stateless_uniform(shape, choose_seed)
+    if word_starts is None:
+        _, ranked = tf.math.top_k(tf.where(maskable, noise, -1.0), k=predictions)
+        used = tf.range(predictions)[None, :] < count[:, None]
+    else:
+        ranked, used = whole_words.ranking(
+            input_ids, maskable, noise, count, predictions, word_starts
+        )
+    positions = tf.where(used, ranked, 0)
+    labels = tf.where(used, tf.gather(input_ids, positions, batch_dims=1), -100)
+    one_hot = tf.one_hot(positions, length, on_value=True, off_value=False)
+    chosen = tf.reduce_any(one_hot & used[..., None], axis=1)
+
+    action = tf.random.stateless_uniform(shape, action_seed)
+    to_mask = chosen & (action < 0.8)
+    to_random = chosen & (action >= 0.8) & (action < 0.9)
+    replacements = tf.size(replacement_ids)
+    random_index = tf.random.stateless_uniform(
+        shape, random_seed, maxval=replacements, dtype=tf.int32
+    )
+    random_tokens = tf.gather(replacement_ids, random_index)
+    masked_ids = tf.where(to_mask, mask_token_id, tf.where(to_random, random_tokens, input_ids))
+    return masked_ids, positions, labels
+
+
+def max_predictions(max_length, mlm_probability):
+    """Predictions a sequence: masking never chooses more, so shapes stay static (XLA, TPUs)."""
+    return max(1, math.ceil(max_length * mlm_probability))
+
+
+def evaluation_data(strategy, plan, manifest, tokenizer, max_length, masking, max_eval_samples):
+    """The evaluation's batches on every replica (None without --eval_dataset), how many each
+    evaluation scores (--max_eval_samples: the first whole ones only), and the line that says so."""
+    if plan is None:
+        return None, None, None
+    batches, line = segments.evaluation_batches(
+        plan.steps_per_epoch, manifest["records"], plan.global_batch_size, max_eval_samples
+    )
+    dataset = distributed_dataset(strategy, plan, False, tokenizer, max_length, masking)
+    return dataset, batches, line
+
+
 def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True):
     """From scratch: the architecture (the Model settings: RoBERTa-base's unless
     --pretrained_model_config, with --config_overrides) with the tokenizer's size and special ids,
@@ -585,10 +636,54 @@ def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True)
     else:
         config = parent.config
     if pytorch_export:
-        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
-
-        pytorch_weights.check_pytorch_export(config)
+        model_folder.check_pytorch_copy(config)
     return config
+
+
+def build_model(config, strategy, mask_token_id, total_steps, settings, parent=None):
+    """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
+    `total_steps` (the Optimizer settings), made in the strategy's scope and compiled for fit() as
+    the Speed settings say. The masked LM starts from random weights, or from those of `parent`
+    (continued pretraining)."""
+    import tf_keras
+    from transformers import TFAutoModelForMaskedLM, create_optimizer
+
+    optimizer, speed = settings.optimizer, settings.speed
+    tf_keras.utils.set_random_seed(settings.masking.seed)  # the initial weights, dropout
+    tf_startup.hide_transformers_tf_deprecation()
+    if speed.bfloat16:
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before any layer is built
+    with strategy.scope():
+        if parent is None:
+            masked_lm = TFAutoModelForMaskedLM.from_config(config)
+        else:  # from_pretrained, or the parent's PyTorch weights read without torch
+            masked_lm = parent.load_masked_lm(TFAutoModelForMaskedLM)
+        masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
+        trainer = masked_lm_trainer(
+            masked_lm, speed.mlm_head, mask_token_id, speed.gradient_accumulation_steps
+        )
+        # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
+        # gradients clipped together.
+        warmup_steps = segments.warmup_steps(optimizer.warmup_ratio, total_steps)
+        adamw, _ = create_optimizer(
+            optimizer.learning_rate,
+            total_steps,
+            warmup_steps,
+            weight_decay_rate=optimizer.weight_decay_rate,
+            adam_beta1=optimizer.adam_beta1,
+            adam_beta2=optimizer.adam_beta2,
+            adam_epsilon=optimizer.adam_epsilon,
+            adam_global_clipnorm=optimizer.max_grad_norm or None,
+        )
+        if optimizer.decay_ratio:  # warmup-stable-decay instead of the triangle
+            decay_steps = max(1, round(optimizer.decay_ratio * total_steps))
+            adamw.learning_rate = warmup_stable_decay(
+                optimizer.learning_rate, total_steps, warmup_steps, decay_steps
+            )
+        trainer.compile(
+            adamw, jit_compile=speed.jit_compile, steps_per_execution=speed.steps_per_execution
+        )
+    return masked_lm, trainer
 
 
 def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
@@ -708,50 +803,6 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     return loss_sum, gradients
 
 
-def build_model(config, strategy, mask_token_id, total_steps, optimizer, speed, parent=None):
-    """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
-    `total_steps` (the Optimizer settings), made in the strategy's scope and compiled for fit() as
-    the Speed settings say. The masked LM starts from random weights, or from those of `parent`
-    (continued pretraining)."""
-    import tf_keras
-    from transformers import TFAutoModelForMaskedLM, create_optimizer
-
-    tf_startup.hide_transformers_tf_deprecation()
-    if speed.bfloat16:
-        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")  # before any layer is built
-    with strategy.scope():
-        if parent is None:
-            masked_lm = TFAutoModelForMaskedLM.from_config(config)
-        else:  # from_pretrained, or the parent's PyTorch weights read without torch
-            masked_lm = parent.load_masked_lm(TFAutoModelForMaskedLM)
-        masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
-        trainer = masked_lm_trainer(
-            masked_lm, speed.mlm_head, mask_token_id, speed.gradient_accumulation_steps
-        )
-        # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
-        # gradients clipped together.
-        warmup_steps = int(optimizer.warmup_ratio * total_steps)
-        adamw, _ = create_optimizer(
-            optimizer.learning_rate,
-            total_steps,
-            warmup_steps,
-            weight_decay_rate=optimizer.weight_decay_rate,
-            adam_beta1=optimizer.adam_beta1,
-            adam_beta2=optimizer.adam_beta2,
-            adam_epsilon=optimizer.adam_epsilon,
-            adam_global_clipnorm=optimizer.max_grad_norm or None,
-        )
-        if optimizer.decay_ratio:  # warmup-stable-decay instead of the triangle
-            decay_steps = max(1, round(optimizer.decay_ratio * total_steps))
-            adamw.learning_rate = warmup_stable_decay(
-                optimizer.learning_rate, total_steps, warmup_steps, decay_steps
-            )
-        trainer.compile(
-            adamw, jit_compile=speed.jit_compile, steps_per_execution=speed.steps_per_execution
-        )
-    return masked_lm, trainer
-
-
 def warmup_stable_decay(peak, total_steps, warmup_steps, decay_steps):
     """--decay_ratio: the rate rises linearly to `peak`, holds it, then falls linearly to 0 over the
     last `decay_steps` (all the steps after the warmup: the triangle). For a fixed budget, more
@@ -767,28 +818,6 @@ def warmup_stable_decay(peak, total_steps, warmup_steps, decay_steps):
             return peak * tf.clip_by_value(tf.minimum(rising, falling), 0.0, 1.0)
 
     return WarmupStableDecay()
-
-
-def sequence_length_warmup(max_length, total_steps, masking):
-    """(steps on short pieces, pieces per sequence): the sequence-length warmup's short phase, cut
-    from the shards as they are (not the learning rate's --warmup_ratio). On short sequences a
-    [MASK] gets more of the attention from its neighbours, and each position is trained by more
-    sequences a step: a model learns to read its context sooner. BERT did 90% of its steps at 128
-    tokens, then 512, from data written twice; here the phase follows from the step."""
-    short = masking.short_sequence_length
-    if short is None:
-        return 0, 1
-    if short >= max_length or max_length % short:
-        raise UsageError(
-            f"--short_sequence_length {short} must divide the shards' length {max_length} into "
-            f"pieces (e.g. {max_length // 4}); or drop it to train at full length throughout."
-        )
-    short_steps, pieces = round(masking.short_sequence_ratio * total_steps), max_length // short
-    print(
-        f"Sequence-length warmup: steps 1-{short_steps:,} on {pieces} pieces of {short} tokens a "
-        f"sequence, the rest at {max_length}."
-    )
-    return short_steps, pieces
 
 
 def fit_exact_steps(
@@ -812,7 +841,6 @@ def fit_exact_steps(
     the data (--eval_steps; then `numbered` False). The epochs are numbered as one run across the
     calls (training_logs.py)."""
     progress = training_logs.progress_callback(steps_to_run.stop, steps_per_epoch, numbered)
-    verbose = 1 if sys.stdout.isatty() else 2  # a progress bar on a terminal, a line in a log
     logs = {}
     for first_step, epoch, epochs, steps_per_call in segments.fit_segments(
         steps_to_run.start, steps_to_run.stop, steps_per_epoch, phase_end=phase_end
@@ -825,170 +853,52 @@ def fit_exact_steps(
             validation_data=validation_data,
             validation_steps=validation_steps,
             callbacks=[*callbacks, progress],  # last: it prints the logs the others completed
-            verbose=verbose,
+            verbose=training_logs.progress_verbosity(),
         )
         for key, values in history.history.items():
             logs[key] = logs.get(key, []) + values
     return logs
 
 
-def save_model(folder, masked_lm, tokenizer, pytorch_export=True):
-    """A model folder: config.json and tf_model.h5, the tokenizer, and the pytorch/ copy that
-    transformers 5 loads (pytorch_weights.py). The Hub snapshots are written by this too."""
-    masked_lm.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    if pytorch_export:
-        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
-
-        pytorch_weights.write_pytorch_copy(masked_lm, tokenizer, folder)
-
-
-def check_args(args):
-    """Flags that cannot work together, then the paths: one line for each, before any work (a flag
-    wrong on its own was refused by its argparse type; the groups check their own settings)."""
-    args.no_tpu = args.no_tpu or args.multi_worker
-    hosts.check_hardware_flags(args.no_tpu, args.multi_worker, args.cpu_replicas, args.jit_compile)
-    hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-from-scratch")
-    if args.model_name_or_path and args.pretrained_model_config:
-        raise UsageError(
-            f"--model_name_or_path {args.model_name_or_path} continues that model, weights and "
-            f"architecture, but --pretrained_model_config {args.pretrained_model_config} names an "
-            "architecture to train from random weights; pass one of them."
-        )
-    if not args.model_name_or_path and not args.tokenizer:
-        raise UsageError(
-            "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
-            "wrote (or a Hub id), or --model_name_or_path to continue a published model with its "
-            "own tokenizer."
-        )
-    if args.max_eval_samples and not args.eval_dataset:
-        raise UsageError(
-            f"--max_eval_samples {args.max_eval_samples} limits the evaluation, which needs "
-            "--eval_dataset: give the evaluation shards, or drop --max_eval_samples."
-        )
-    paths = {
-        "--train_dataset": args.train_dataset,
-        "--eval_dataset": args.eval_dataset,
-        "--model_name_or_path": args.model_name_or_path,
-    }
-    storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=["--output_dir"])
-    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
-        model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
-
-
-def load_parent(model):
-    """--model_name_or_path: the published model to continue, its config and tokenizer (its weights
-    come with the model); checked, with --config_overrides, before any work. None without it."""
-    if not model.model_name_or_path:
-        return None
-    from mlm_pipeline.pretrained_model import Parent  # only for continued pretraining
-
-    return Parent(model.model_name_or_path, model.config_overrides, model.trust_remote_code)
-
-
-def load_tokenizer(args, parent):
-    """The shards' tokenizer: --tokenizer, else the parent's own. Returns it with its name and the
-    words that say where it came from, for the refusals that name it."""
-    if args.tokenizer:
-        tokenizer = contract.load_tokenizer(
-            args.tokenizer, "--tokenizer", args.trust_remote_code, require_mlm_tokens=True
-        )
-        return tokenizer, args.tokenizer, f"--tokenizer {args.tokenizer}"
-    name = args.model_name_or_path
-    return parent.tokenizer, name, f"the tokenizer of --model_name_or_path {name}"
-
-
-def distributed_dataset(strategy, plan, training, tokenizer, masking, start_step=0, pieces=1):
-    """Every replica's masked batches from optimizer step `start_step` on: one input pipeline per
-    host (build_dataset), each reading shard files of its own and batched for its own replicas
-    (hosts.py's `plan`)."""
-
-    def host_pipeline(context):
-        host = plan.pipeline_input(context, start_step)
-        return build_dataset(
-            files=host.files,
-            batch_size=host.batch_size,
-            training=training,
-            tokenizer=tokenizer,
-            max_length=tokenizer.model_max_length,
-            masking=masking,
-            pipeline=host.pipeline,
-            batches_per_epoch=host.batches_per_epoch,
-            start_epoch=host.start_epoch,
-            start_batch=host.start_batch,
-            pieces=pieces,
-        )
-
-    return strategy.distribute_datasets_from_function(host_pipeline)
-
-
-def evaluation_data(strategy, plan, manifest, tokenizer, masking, max_eval_samples):
-    """The evaluation's batches on every replica (None without --eval_dataset), how many each
-    evaluation scores (--max_eval_samples: the first whole ones only), and the line that says so."""
-    if plan is None:
-        return None, None, None
-    batches, line = segments.evaluation_batches(
-        plan.steps_per_epoch, manifest["records"], plan.global_batch_size, max_eval_samples
-    )
-    return distributed_dataset(strategy, plan, False, tokenizer, masking), batches, line
-
-
-def main(args, callbacks=()):
-    """Pretrain as the flags say; `callbacks`: Keras callbacks for fit() besides the run's own."""
-    check_args(args)  # a bad flag, path or output folder is one line, before any work
-    model, masking, optimizer = (settings(group, args) for group in (Model, Masking, Optimizer))
-    speed, steps, output = (settings(group, args) for group in (Speed, Steps, Output))
+def main(settings, callbacks=()):
+    """Pretrain as `settings` say (parse_args(): the command line's, its rules checked);
+    `callbacks`: Keras callbacks for fit() besides the run's own. Returns the trainer and logs."""
+    data, model, masking, steps = settings.data, settings.model, settings.masking, settings.steps
+    output = settings.output
+    check_paths(settings)  # a path or output folder that cannot work is one line, before any work
     parent = load_parent(model)  # continued pretraining: the published model's config, tokenizer
-    strategy = build_strategy(args)
-    import tf_keras
+    strategy = hosts.build_strategy(settings.hardware)
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
-    tokenizer, tokenizer_name, tokenizer_flag = load_tokenizer(args, parent)
-    if masking.whole_word_masking:  # its vocabulary must say where words start
-        whole_words.check_word_markers(tokenizer, tokenizer_flag)
-    manifests = shard_checks.read_training_manifests(
-        args.train_dataset, args.eval_dataset, tokenizer, tokenizer_name, tokenizer_flag
-    )
-    max_length = tokenizer.model_max_length = manifests[0]["max_length"]
-    if parent:  # its vocabulary and positions must hold the shards'
-        parent.check_continuation(tokenizer, tokenizer_flag, max_length)
-    train_plan, eval_plan = hosts.input_plans(strategy, manifests, speed.per_replica_batch_size)
-    total_steps = steps.max_steps or steps.num_epochs * train_plan.steps_per_epoch
+    named_tokenizer = load_tokenizer(data, model, parent)
+    tokenizer = named_tokenizer.tokenizer
+    manifests, max_length = read_shards(data, masking, named_tokenizer, parent)
+    batch_size = settings.speed.per_replica_batch_size
+    train_plan, eval_plan = hosts.input_plans(strategy, manifests, batch_size)
+    total_steps = steps.total_steps(train_plan.steps_per_epoch)
     short_steps, pieces = sequence_length_warmup(max_length, total_steps, masking)
 
     def train_dataset_from(step):  # the warmup's first `short_steps` train on pieces
         step_pieces = pieces if step < short_steps else 1
         return distributed_dataset(
-            strategy, train_plan, True, tokenizer, masking, step, step_pieces
+            strategy, train_plan, True, tokenizer, max_length, masking, step, step_pieces
         )
 
     eval_dataset, eval_batches, evaluation = evaluation_data(
-        strategy, eval_plan, manifests[1], tokenizer, masking, steps.max_eval_samples
+        strategy, eval_plan, manifests[1], tokenizer, max_length, masking, steps.max_eval_samples
     )
 
     # The model, before the output folder is touched: a parent that cannot be loaded stops here.
-    tf_keras.utils.set_random_seed(masking.seed)
     pytorch_export = not output.no_pytorch_export
     config = build_config(tokenizer, max_length, model, parent, pytorch_export)
     masked_lm, trainer = build_model(
-        config, strategy, tokenizer.mask_token_id, total_steps, optimizer, speed, parent
+        config, strategy, tokenizer.mask_token_id, total_steps, settings, parent
     )
-    save = functools.partial(save_model, tokenizer=tokenizer, pytorch_export=pytorch_export)
+    saving = dict(tokenizer=tokenizer, max_length=max_length, pytorch_export=pytorch_export)
+    save = functools.partial(model_folder.save_model, **saving)
+    schedule = training_run.Schedule(train_plan, total_steps, short_steps, evaluation)
     run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
-        strategy,
-        train_plan,
-        config,
-        tokenizer,
-        manifests,
-        total_steps,
-        recipe=(masking, optimizer),
-        speed=speed,
-        steps=steps,
-        output=output,
-        paths=card_paths(args, tokenizer_name, parent),
-        save_model=save,
-        phase_end=short_steps,
-        evaluation=evaluation,
+        settings, strategy, schedule, config, named_tokenizer, manifests, save, parent
     )
     start_step = run.resume(masked_lm, trainer.optimizer)
     if parent and eval_dataset and start_step == 0:  # where the parent stands on this text
@@ -999,7 +909,7 @@ def main(args, callbacks=()):
             trainer,
             train_dataset_from,
             range(start_step, total_steps),
-            steps.eval_steps or train_plan.steps_per_epoch,
+            steps.steps_per_evaluation(train_plan.steps_per_epoch),
             phase_end=short_steps,
             numbered=not steps.eval_steps,
             validation_data=eval_dataset,
@@ -1010,20 +920,6 @@ def main(args, callbacks=()):
         with model_folder.staging(output.output_dir) as folder:
             save(folder, masked_lm)
     return trainer, run.finish(trainer, logs)
-
-
-def card_paths(args, tokenizer_name, parent):
-    """What the model card names: where the model goes, what it was trained from, and base_model,
-    the Hub's link to the parent, for a Hub id only."""
-    return {
-        "hub_model_id": args.hub_model_id,
-        "output_dir": args.output_dir,
-        "train_dataset": args.train_dataset,
-        "eval_dataset": args.eval_dataset,
-        "tokenizer": tokenizer_name,
-        "model_name_or_path": args.model_name_or_path,
-        "base_model": parent and parent.hub_id,
-    }
 
 
 if __name__ == "__main__":

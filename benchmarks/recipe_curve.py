@@ -58,28 +58,29 @@ def curve_callback(args, eval_every, points):
         def prepare(self, strategy):
             """The run's steps and tokens a step, and the evaluation data as run_mlm.main builds
             it: the same files, batches and masks, here in one input pipeline."""
+            data, batch_size = args.data, args.speed.per_replica_batch_size
             tokenizer = contract.load_tokenizer(
-                args.tokenizer, "--tokenizer", args.trust_remote_code
+                data.tokenizer, "--tokenizer", args.model.trust_remote_code
             )
-            flag = f"--tokenizer {args.tokenizer}"
+            named = contract.NamedTokenizer(
+                tokenizer, data.tokenizer, f"--tokenizer {data.tokenizer}"
+            )
             manifests = shard_checks.read_training_manifests(
-                args.train_dataset, args.eval_dataset, tokenizer, args.tokenizer, flag
+                data.train_dataset, data.eval_dataset, named
             )
             max_length = manifests[0]["max_length"]
-            train_plan, eval_plan = hosts.input_plans(
-                strategy, manifests, args.per_replica_batch_size
-            )
-            self.total_steps = args.max_steps or args.num_epochs * train_plan.steps_per_epoch
+            train_plan, eval_plan = hosts.input_plans(strategy, manifests, batch_size)
+            self.total_steps = args.steps.total_steps(train_plan.steps_per_epoch)
             self.tokens_per_step = train_plan.global_batch_size * max_length
             # The run's evaluation: each replica's batch in turn from one pass of the files.
             self.eval_steps = eval_plan.steps_per_epoch * eval_plan.replicas
             self.eval_dataset = run_mlm.build_dataset(
                 manifests[1]["files"],
-                args.per_replica_batch_size,
+                batch_size,
                 training=False,
                 tokenizer=tokenizer,
                 max_length=max_length,
-                masking=run_mlm.settings(run_mlm.Masking, args),
+                masking=args.masking,
                 batches_per_epoch=self.eval_steps,
             )
 
@@ -129,7 +130,7 @@ def main(argv):
     split = argv.index("--") if "--" in argv else len(argv)
     own, run_mlm_argv = parser.parse_args(argv[:split]), argv[split + 1 :]
     args = run_mlm.parse_args(run_mlm_argv)
-    if not args.eval_dataset:
+    if not args.data.eval_dataset:
         raise UsageError("the curve is scored on --eval_dataset: pass it among run_mlm.py's flags.")
     print(f"Machine: {describe_machine()}")
     print("Command: python run_mlm.py " + " ".join(run_mlm_argv), flush=True)

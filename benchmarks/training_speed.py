@@ -164,7 +164,7 @@ def pipeline_stream(args, flags):
         training=True,
         tokenizer=tokenizer,
         max_length=manifest["max_length"],
-        masking=run_mlm.settings(run_mlm.Masking, flags),
+        masking=flags.masking,
     )
     return iter(dataset), manifest["max_length"]
 

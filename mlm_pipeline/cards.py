@@ -32,6 +32,12 @@ def public_name(path):
     return path
 
 
+def model_name(hub_model_id, output_dir):
+    """The title of a trained model's card (run_mlm.py's, run_classifier.py's): its Hub id, else
+    its output folder's name."""
+    return hub_model_id or os.path.basename(output_dir.rstrip("/"))
+
+
 def metadata_block(**fields):
     """The card's front matter: `---`, the YAML of huggingface_hub.ModelCardData(**fields),
     `---`."""

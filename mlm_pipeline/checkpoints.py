@@ -13,6 +13,7 @@ that follows the evaluation, and a copy of it is saved just before that checkpoi
 killed in between writes the row when it resumes: one row per evaluation, none missing, none twice.
 """
 
+import dataclasses
 import json
 import tempfile
 
@@ -38,12 +39,13 @@ def checkpoint_dir(output_dir):
     return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
 
 
-def resume_settings(config, train_manifest, global_batch_size, total_steps, recipe):
+def resume_settings(settings, config, train_manifest, global_batch_size, total_steps):
     """What a checkpoint's step number means: resuming under other settings would continue another
-    run.
+    run. The record run_settings.json holds, by name.
 
-    `recipe`: the settings, by name, that shape the stream of batches and the optimizer (seed,
-    masking, shuffling, schedule).
+    From run_mlm.py's `settings`: the parent continued (--model_name_or_path), and the groups that
+    shape the stream of batches and the optimizer (Masking: seed, masking, shuffling; Optimizer:
+    the schedule).
     """
     architecture = {
         key: value for key, value in config.to_dict().items() if key != "transformers_version"
@@ -53,7 +55,9 @@ def resume_settings(config, train_manifest, global_batch_size, total_steps, reci
         "max_length": train_manifest["max_length"],
         "global_batch_size": global_batch_size,
         "total_steps": total_steps,
-        **recipe,
+        "model_name_or_path": settings.model.model_name_or_path,
+        **dataclasses.asdict(settings.masking),
+        **dataclasses.asdict(settings.optimizer),
         "config": architecture,
     }
     # as they read back from run_settings.json (JSON keys are strings)

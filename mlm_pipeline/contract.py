@@ -14,6 +14,7 @@ The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take e
 from here; run_mlm.py checks the shards it reads with shard_checks.py.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -152,6 +153,17 @@ def load_tokenizer(
                 "needs; use a tokenizer from train_unigram.py."
             )
     return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedTokenizer:
+    """A loaded tokenizer with the name the user gave it: `name`, the folder or Hub id (the card
+    shows it, a remake command names it), and `flag`, the words a refusal names it by
+    ("--tokenizer NAME", or "the tokenizer of --model_name_or_path NAME")."""
+
+    tokenizer: object
+    name: str
+    flag: str
 
 
 def copy_folder_files(folder, destination):

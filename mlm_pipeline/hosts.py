@@ -12,7 +12,7 @@ import json
 import os
 
 from .errors import UsageError
-from .tf_startup import installed_as_tpu_build
+from .tf_startup import installed_as_tpu_build, tensorflow_startup_log_held_back
 
 TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
@@ -45,8 +45,11 @@ def multi_worker_resolver():
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def check_hardware_flags(no_tpu, multi_worker, cpu_replicas, jit_compile):
-    """run_mlm.py's hardware flags that cannot go together, refused in one line before any work."""
+def check_hardware_flags(hardware, jit_compile):
+    """run_mlm.py's hardware flags (its Hardware group) that cannot go together, with each other or
+    with --jit_compile, refused in one line before any work."""
+    multi_worker, cpu_replicas = hardware.multi_worker, hardware.cpu_replicas
+    no_tpu = hardware.no_tpu or multi_worker  # --multi_worker implies --no_tpu
     if cpu_replicas > 1 and (multi_worker or not no_tpu):
         raise UsageError(f"--cpu_replicas {cpu_replicas} splits this CPU: it needs --no_tpu alone.")
     if cpu_replicas > 1 and jit_compile:
@@ -60,6 +63,21 @@ def check_hardware_flags(no_tpu, multi_worker, cpu_replicas, jit_compile):
             "build (tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each "
             "step with XLA), or install requirements.txt to compile on the CPU."
         )
+
+
+def build_strategy(hardware):
+    """The strategy of both training scripts, from their Hardware group: TPUStrategy unless
+    --no_tpu (or run_mlm.py's --multi_worker); without a TPU, mirrored over a cluster, the GPUs or
+    split CPUs, or the default strategy on one CPU (strategy_without_tpu). run_classifier.py's
+    group has no cluster and no CPU split: its multi_worker is False, its cpu_replicas 1. TF's
+    start-up log is shown only if this fails."""
+    import tensorflow as tf
+
+    with tensorflow_startup_log_held_back():
+        if hardware.no_tpu or hardware.multi_worker:
+            return strategy_without_tpu(hardware.multi_worker, hardware.cpu_replicas)
+        resolver = tpu_cluster_resolver(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
+        return tf.distribute.TPUStrategy(resolver)
 
 
 def tpu_cluster_resolver(tpu_name, zone=None, project=None):

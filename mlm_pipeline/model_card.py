@@ -6,10 +6,8 @@ CARD below is the card's outline; each of its fields is filled by the function o
 The metadata block and the public names of the folders the run used come from cards.py.
 """
 
-import os
-
-from . import training_logs
-from .cards import metadata_block, public_name
+from . import segments, training_logs
+from .cards import metadata_block, model_name, public_name
 from .contract import CURVES_NAME, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
 from .storage import is_remote, write_whole
 
@@ -60,50 +58,39 @@ fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
 ```"""
 
 
-def model_card(
-    config,
-    tokenizer,
-    manifests,
-    global_batch_size,
-    planned_steps,
-    trainer,
-    metrics,
-    *,
-    paths,
-    recipe,
-):
+def model_card(settings, config, tokenizer, manifests, schedule, trainer, metrics, *, base_model):
     """run_mlm.py's model card (README.md): what the model is, its data, its settings and its
     results so far.
 
-    `manifests`: the train and evaluation manifests (the second may be None); `planned_steps` the
-    run's (total steps, steps per epoch); `trainer` the fitted model (its optimizer counts the steps
-    taken, in this process or before a resume) and `metrics` the figures of the latest epoch as
-    fit() logs them: loss, masked_accuracy, ... and their val_ twins. `paths`: where the model goes
-    (hub_model_id, output_dir) and what it was trained from (train_dataset, eval_dataset,
-    tokenizer; model_name_or_path, the model it continues, and base_model, that model's Hub id,
-    both None for a model pretrained from scratch). `recipe`: the training settings, by name, as
-    the card reports them (learning_rate, warmup_ratio, max_grad_norm, adam_beta1/2,
-    adam_epsilon, weight_decay_rate, mlm_probability, whole_word_masking, mlm_head, bfloat16, seed,
-    per_replica_batch_size, gradient_accumulation_steps, short_sequence_length,
-    short_sequence_ratio).
+    `settings`: run_mlm.py's Settings, the card's settings read from its groups (where the model
+    goes, what it was trained from, the masking, optimizer and speed); `tokenizer` a
+    contract.NamedTokenizer; `manifests`: the train and evaluation manifests (the second may be
+    None); `schedule` the run's training_run.Schedule; `trainer` the fitted model (its optimizer
+    counts the steps taken, in this process or before a resume) and `metrics` the figures of the
+    latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
+    `base_model`: the Hub id of the model continued, the Hub's link to it (None for a model
+    pretrained from scratch or continued from a folder).
     """
+    data, output = settings.data, settings.output
     train_manifest, eval_manifest = manifests
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
-    parent = paths.get("model_name_or_path")
+    parent = settings.model.model_name_or_path
+    global_batch_size = schedule.plan.global_batch_size
+    mask = tokenizer.tokenizer.mask_token
     return CARD.format(
-        front_matter=front_matter(config, parent, paths.get("base_model")),
-        title=paths["hub_model_id"] or os.path.basename(paths["output_dir"].rstrip("/")),
+        front_matter=front_matter(config, parent, base_model),
+        title=model_name(output.hub_model_id, output.output_dir),
         introduction=introduction(
-            config, trainer.masked_lm.count_params(), origin(parent, train_manifest, paths)
+            config, trainer.masked_lm.count_params(), origin(parent, train_manifest, data)
         ),
-        status=status(steps, total_steps=planned_steps[0]),
-        usage=usage(paths["hub_model_id"] or public_name(paths["output_dir"]), tokenizer),
-        training_data=training_data(manifests, paths, tokenizer),
+        status=status(steps, total_steps=schedule.total_steps),
+        usage=usage(output.hub_model_id or public_name(output.output_dir), mask),
+        training_data=training_data(manifests, data, tokenizer),
         training_procedure=training_procedure(
-            config, tokenizer, global_batch_size, max_length, planned_steps, recipe
+            config, mask, global_batch_size, max_length, schedule, settings
         ),
-        results=results(metrics, steps, steps * global_batch_size * max_length, tokenizer),
+        results=results(metrics, steps, steps * global_batch_size * max_length, mask),
         evaluation_note=evaluation_note(eval_manifest),
     )
 
@@ -123,11 +110,11 @@ def front_matter(config, parent, base_model):
     )
 
 
-def origin(parent, train_manifest, paths):
+def origin(parent, train_manifest, data):
     """Where the weights started: random, or the model continued and the text it continued on."""
     if not parent:
         return "pretrained from scratch (random initial weights, no checkpoint of another model)"
-    text = public_name(train_manifest.get("source")) or public_name(paths["train_dataset"])
+    text = public_name(train_manifest.get("source")) or public_name(data.train_dataset)
     return (
         f"pretrained further from `{public_name(parent)}` (its weights, LM head included, were the "
         f"start) on the text of {text}"
@@ -155,7 +142,7 @@ def status(steps, total_steps):
     )
 
 
-def usage(where, tokenizer):
+def usage(where, mask):
     """USAGE for the model at `where` (a Hub id, a local folder's name or a gs:// path)."""
     copy_first = ""
     if is_remote(where):
@@ -164,17 +151,17 @@ def usage(where, tokenizer):
     return USAGE.format(
         copy_first=copy_first,
         id=where,
-        mask=tokenizer.mask_token,
+        mask=mask,
         pytorch_dir=PYTORCH_DIR,
     )
 
 
-def training_data(manifests, paths, tokenizer):
+def training_data(manifests, data, tokenizer):
     """The shards of each split, then how their sequences were made."""
     train_manifest, eval_manifest = manifests
-    splits = [("train", paths["train_dataset"], train_manifest)]
+    splits = [("train", data.train_dataset, train_manifest)]
     if eval_manifest is not None:
-        splits.append(("evaluation", paths["eval_dataset"], eval_manifest))
+        splits.append(("evaluation", data.eval_dataset, eval_manifest))
     rows = [
         [
             split,
@@ -189,21 +176,18 @@ def training_data(manifests, paths, tokenizer):
         f"Each sequence holds {train_manifest['max_length']} tokens, none of them padding. How the "
         "shards were packed, in their manifest's words: "
         f"{train_manifest.get('packing', 'not recorded')}. Tokenizer: "
-        f"`{public_name(paths['tokenizer'])}`, {len(tokenizer):,} tokens in its vocabulary."
+        f"`{public_name(tokenizer.name)}`, {len(tokenizer.tokenizer):,} tokens in its vocabulary."
     )
     table = markdown_table(["split", "shards", "source", "sequences", "tokens"], rows)
     return f"{table}\n\n{sequences}"
 
 
-def training_procedure(config, tokenizer, global_batch_size, max_length, planned_steps, recipe):
+def training_procedure(config, mask, global_batch_size, max_length, schedule, settings):
     """The settings table: architecture, batch, steps, optimizer, schedule, masking."""
-    total_steps, steps_per_epoch = planned_steps
-    per_replica = recipe["per_replica_batch_size"]
-    short_length, accumulation = (
-        recipe["short_sequence_length"],
-        recipe["gradient_accumulation_steps"],
-    )
-    settings = [
+    total_steps, steps_per_epoch = schedule.total_steps, schedule.plan.steps_per_epoch
+    masking, speed = settings.masking, settings.speed
+    per_replica = speed.per_replica_batch_size
+    rows = [
         ["architecture", config.model_type],
         [
             "layers / hidden size / attention heads",
@@ -224,63 +208,65 @@ def training_procedure(config, tokenizer, global_batch_size, max_length, planned
             f"{steps_per_epoch:,} steps",
         ],
     ]
-    if short_length:
-        settings.append(
+    if masking.short_sequence_length:
+        rows.append(
             [
                 "sequence-length warmup",
-                f"the first {recipe['short_sequence_ratio']:g} of the steps on each sequence cut "
-                f"into pieces of {short_length} tokens, as many tokens a step",
+                f"the first {masking.short_sequence_ratio:g} of the steps on each sequence cut "
+                f"into pieces of {masking.short_sequence_length} tokens, as many tokens a step",
             ]
         )
-    if accumulation > 1:
-        settings.append(["gradient accumulation", f"{accumulation} micro-batches a step"])
-    settings += [
-        ["optimizer", optimizer(recipe)],
-        ["learning rate", learning_rate(recipe, total_steps)],
-        ["masking", masking(recipe, tokenizer.mask_token)],
-        ["loss", f"cross-entropy at the masked positions ({recipe['mlm_head']} LM head)"],
-        ["precision", "mixed bfloat16" if recipe["bfloat16"] else "float32"],
-        ["seed", recipe["seed"]],
+    if speed.gradient_accumulation_steps > 1:
+        accumulation = f"{speed.gradient_accumulation_steps} micro-batches a step"
+        rows.append(["gradient accumulation", accumulation])
+    rows += [
+        ["optimizer", optimizer(settings.optimizer)],
+        ["learning rate", learning_rate(settings.optimizer, total_steps)],
+        ["masking", masking_row(masking, mask)],
+        ["loss", f"cross-entropy at the masked positions ({speed.mlm_head} LM head)"],
+        ["precision", "mixed bfloat16" if speed.bfloat16 else "float32"],
+        ["seed", masking.seed],
     ]
-    return markdown_table(["setting", "value"], settings)
+    return markdown_table(["setting", "value"], rows)
 
 
-def optimizer(recipe):
-    adam = f"β1 {recipe['adam_beta1']:g}, β2 {recipe['adam_beta2']:g}, ε {recipe['adam_epsilon']:g}"
-    clip = recipe["max_grad_norm"]
+def optimizer(settings):
+    """The Optimizer group's AdamW."""
+    adam = f"β1 {settings.adam_beta1:g}, β2 {settings.adam_beta2:g}, ε {settings.adam_epsilon:g}"
+    clip = settings.max_grad_norm
     clipping = f"gradients clipped to global norm {clip:g}" if clip else "no clipping"
     return (
-        f"AdamW ({adam}), weight decay {recipe['weight_decay_rate']} (not on biases and layer "
+        f"AdamW ({adam}), weight decay {settings.weight_decay_rate} (not on biases and layer "
         f"norms), {clipping}"
     )
 
 
-def learning_rate(recipe, total_steps):
+def learning_rate(settings, total_steps):
     """Warmup, then a linear decay to 0 (with --decay_ratio: after the peak is held)."""
-    warmup_steps = int(recipe["warmup_ratio"] * total_steps)
+    warmup = segments.warmup_steps(settings.warmup_ratio, total_steps)
     decay = "linear decay to 0"
-    if recipe.get("decay_ratio"):
-        decay = f"held, then {decay} over the last {recipe['decay_ratio']:g} of the steps"
+    if settings.decay_ratio:
+        decay = f"held, then {decay} over the last {settings.decay_ratio:g} of the steps"
     return (
-        f"peak {recipe['learning_rate']:g}, linear warmup over {warmup_steps:,} steps "
-        f"({recipe['warmup_ratio']:g} of them), then {decay}"
+        f"peak {settings.learning_rate:g}, linear warmup over {warmup:,} steps "
+        f"({settings.warmup_ratio:g} of them), then {decay}"
     )
 
 
-def masking(recipe, mask):
+def masking_row(masking, mask):
     """The share masked in training (and in evaluation, when --train_mlm_probability differs)."""
-    train_rate = recipe.get("train_mlm_probability") or recipe["mlm_probability"]
-    whole_words = ", chosen as whole words" if recipe["whole_word_masking"] else ""
+    train_rate = masking.train_probability
+    whole_words = ", chosen as whole words" if masking.whole_word_masking else ""
     evaluation = ""
-    if train_rate != recipe["mlm_probability"]:
-        evaluation = f" (evaluation: {recipe['mlm_probability']:.0%}, token by token)"
+    if train_rate != masking.mlm_probability:
+        evaluation = f" (evaluation: {masking.mlm_probability:.0%}, token by token)"
     return (
         f"{train_rate:.0%} of the non-special tokens of each sequence{whole_words}: 80% become "
         f"`{mask}`, 10% a random token, 10% stay; new masks every epoch{evaluation}"
     )
 
 
-def results(metrics, steps, tokens_seen, tokenizer):
+def results(metrics, steps, tokens_seen, mask):
     """The latest figures, train and evaluation, over the masked positions ("–" where missing)."""
 
     def number(key, digits=4):
@@ -294,7 +280,6 @@ def results(metrics, steps, tokens_seen, tokenizer):
     train_perplexity = "–"
     if "loss" in metrics:
         train_perplexity = f"{training_logs.perplexity(float(metrics['loss'])):.2f}"
-    mask = tokenizer.mask_token
     rows = [
         ["masked-LM loss", number("loss"), number("val_loss")],
         ["perplexity", train_perplexity, number("val_perplexity", 2)],

@@ -6,10 +6,21 @@ A folder counts as finished once it holds config.json (`contract.FINISHED_RUN_MA
 files are written into a staging folder (`staging()`) and published file by file, config.json last.
 """
 
-from . import storage
+from . import storage, tf_startup
 from .contract import FINISHED_RUN_MARKER
 from .errors import UsageError
 from .storage import check_local_output_dir, is_remote
+
+
+def check_output(output, inputs):
+    """Before any work, one line for a path that cannot work: the gs:// ones among `inputs` (each
+    flag's path, None when not given) and `output.output_dir` probed (storage.check_gcs_paths),
+    then the output folder checked (check_output_dir). `output`: the group holding output_dir and
+    overwrite_output_dir (run_mlm.py's Output, run_classifier.py's Training)."""
+    paths = {**inputs, "--output_dir": output.output_dir}
+    storage.check_gcs_paths(paths, writable=["--output_dir"])
+    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
+        check_output_dir(output.output_dir, output.overwrite_output_dir)
 
 
 def check_output_dir(output_dir, overwrite_output_dir):
@@ -40,3 +51,25 @@ def staging(output_dir):
     block fails, nothing is published.
     """
     return storage.staged_folder(output_dir, last=FINISHED_RUN_MARKER)
+
+
+def check_pytorch_copy(config, masked_lm=True):
+    """A config whose PyTorch copy cannot be written (pytorch_weights.py) refused now, not after
+    training: a masked LM's, or with `masked_lm` False a classifier's."""
+    from . import pytorch_weights  # only for the PyTorch copy
+
+    pytorch_weights.check_pytorch_export(config, masked_lm=masked_lm)
+
+
+def save_model(folder, model, tokenizer, max_length, pytorch_export=True):
+    """A model folder: config.json and tf_model.h5, the tokenizer (its model_max_length the length
+    the model was trained on: pipelines cut longer texts to it), and unless `pytorch_export` is
+    False the pytorch/ copy that transformers 5 loads (pytorch_weights.py). run_mlm.py's Hub
+    snapshots are written by this too."""
+    model.save_pretrained(folder)
+    tokenizer.model_max_length = max_length
+    tokenizer.save_pretrained(folder)
+    if pytorch_export:
+        from . import pytorch_weights  # only for the PyTorch copy
+
+        pytorch_weights.write_pytorch_copy(model, tokenizer, folder)

@@ -1,7 +1,14 @@
-"""Counting run_mlm.py's optimizer steps: through the epochs, between evaluations, and in fit()
-calls of fixed shape; and the lines that tell the user, before training, how they add up."""
+"""Counting optimizer steps: the learning rate's warmup (both training scripts); run_mlm.py's
+through the epochs, between evaluations, and in fit() calls of fixed shape; and the lines that
+tell the user, before training, how they add up."""
 
 from .errors import UsageError
+
+
+def warmup_steps(warmup_ratio, total_steps):
+    """The learning rate's warmup, in optimizer steps: --warmup_ratio of `total_steps` (both
+    training scripts, and run_mlm.py's model card)."""
+    return int(warmup_ratio * total_steps)
 
 
 def steps_in_epochs(total_steps, steps_per_epoch):

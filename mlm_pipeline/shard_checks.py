@@ -155,11 +155,16 @@ def find_corrupt_shard(files):
     return None
 
 
-def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_name, tokenizer_flag):
+def read_training_manifests(train_dataset, eval_dataset, named_tokenizer):
     """run_mlm.py's train and evaluation manifests (the second None without --eval_dataset), checked
-    before anything expensive happens: each agrees with the tokenizer `tokenizer_name` (which
-    `tokenizer_flag` names as the user gave it: "--tokenizer NAME", or "the tokenizer of
-    --model_name_or_path NAME"), the two agree with each other, and every shard is whole."""
+    before anything expensive happens: each agrees with the tokenizer (a contract.NamedTokenizer:
+    the tokenizer, its name and the words that name it as the user gave it), the two agree with
+    each other, and every shard is whole."""
+    tokenizer, tokenizer_name, tokenizer_flag = (
+        named_tokenizer.tokenizer,
+        named_tokenizer.name,
+        named_tokenizer.flag,
+    )
     manifests = {"--train_dataset": read_manifest(train_dataset, "--train_dataset")}
     if eval_dataset:
         manifests["--eval_dataset"] = read_manifest(eval_dataset, "--eval_dataset")
@@ -181,6 +186,20 @@ def read_training_manifests(train_dataset, eval_dataset, tokenizer, tokenizer_na
     for flag, manifest in manifests.items():
         check_shards(manifest, flag, len(tokenizer))
     return train, evaluation
+
+
+def check_max_length(max_length, train_manifest, train_dataset):
+    """The shards' sequence length; run_mlm.py's --max_length, when given, must be it (the shards
+    are read as sequences of the length their manifest records)."""
+    shards_length = train_manifest["max_length"]
+    if max_length is not None and max_length != shards_length:
+        raise UsageError(
+            f"--max_length {max_length} does not match the shards of --train_dataset "
+            f"{train_dataset}, written with --max_length {shards_length}: pass --max_length "
+            f"{shards_length} (or leave it out), or rewrite the shards with "
+            f"prepare_tfrecord_shards.py --max_length {max_length}."
+        )
+    return shards_length
 
 
 def check_vocabulary(manifest, flag, fingerprint, tokenizer_name, tokenizer_flag):

@@ -56,6 +56,14 @@ def epoch_summary_callback():
     return EpochSummary()
 
 
+def progress_verbosity():
+    """fit()'s `verbose`, for both training scripts: a progress bar on a terminal, a line an epoch
+    in a log file."""
+    import sys
+
+    return 1 if sys.stdout.isatty() else 2
+
+
 def progress_callback(total_steps, steps_per_epoch, numbered=True):
     """Keras' progress bar, its epochs numbered as one sequence for the whole run, and after each
     epoch a line of the steps left and about how long they will take. `numbered` False: no `Epoch

@@ -9,8 +9,21 @@ train in lockstep and keep their hands off the output folder. run_mlm.py saves t
 import dataclasses
 import functools
 import time
+from typing import Optional
 
 from . import checkpoints, hosts, model_card, segments, training_logs
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The run's steps: `total_steps` optimizer steps over `plan` (the train split's
+    hosts.InputPlan), the first `phase_end` on the sequence-length warmup's pieces; `evaluation`,
+    the line that says what each evaluation scores (None: no evaluation split)."""
+
+    plan: object
+    total_steps: int
+    phase_end: int = 0
+    evaluation: Optional[str] = None
 
 
 class TrainingRun:
@@ -19,54 +32,34 @@ class TrainingRun:
     then the chief starts the output folder afresh or checks that its checkpoints belong to this
     run (checkpoints.resume_settings()), and every worker waits for it.
 
-    The settings come in run_mlm.py's groups, recorded from the groups themselves: `recipe`, the
-    groups a resumed run must share (the masking and the optimizer: they shape the batches and the
-    updates), with `paths["model_name_or_path"]`; the model card also shows `speed` and `paths`.
-    `steps` says when to evaluate (eval_steps; None: an epoch of the data), checkpoint and log;
-    `output`, where the model goes and whether to push it to the Hub. `save_model(folder,
-    masked_lm)` writes the model files of a Hub snapshot. `phase_end`: the sequence-length warmup's
-    last step; `evaluation`: the line that says what each evaluation scores (None: no evaluation
-    split).
+    `settings`: run_mlm.py's Settings, read group by group: the steps say when to evaluate,
+    checkpoint and log, the output where the model goes and whether to push it to the Hub; a
+    resumed run must share the masking and the optimizer, and the card shows them with the rest.
+    `schedule`: the run's steps (Schedule); `tokenizer`, a contract.NamedTokenizer; `manifests`,
+    the train and evaluation shards' (the second may be None); `save_model(folder, masked_lm)`
+    writes the model files of a Hub snapshot; `parent`, the pretrained_model.Parent continued
+    (None: from scratch).
     """
 
     def __init__(
-        self,
-        strategy,
-        plan,
-        config,
-        tokenizer,
-        manifests,
-        total_steps,
-        *,
-        recipe,
-        speed,
-        steps,
-        output,
-        paths,
-        save_model,
-        phase_end=0,
-        evaluation=None,
+        self, settings, strategy, schedule, config, tokenizer, manifests, save_model, parent
     ):
-        self.strategy, self.plan, self.steps = strategy, plan, steps
-        self.output_dir, self.total_steps = output.output_dir, total_steps
-        self.steps_per_evaluation = steps.eval_steps or plan.steps_per_epoch
-        self.phase_end, self.evaluation = phase_end, evaluation
+        steps, output = settings.steps, settings.output
+        self.strategy, self.plan, self.steps = strategy, schedule.plan, steps
+        self.output_dir, self.total_steps = output.output_dir, schedule.total_steps
+        self.steps_per_evaluation = steps.steps_per_evaluation(self.plan.steps_per_epoch)
+        self.phase_end, self.evaluation = schedule.phase_end, schedule.evaluation
         self.max_length = manifests[0]["max_length"]
-        self.tokens_per_step = plan.global_batch_size * self.max_length
-        # what a resumed run must share: the parent, and the recipe groups' settings by name
-        shared = {"model_name_or_path": paths["model_name_or_path"]}
-        for group in recipe:
-            shared.update(dataclasses.asdict(group))
+        self.tokens_per_step = self.plan.global_batch_size * self.max_length
         # card(trainer, metrics): the model card after the steps `trainer` has taken so far
         self.card = functools.partial(
             model_card.model_card,
+            settings,
             config,
             tokenizer,
             manifests,
-            plan.global_batch_size,
-            (total_steps, plan.steps_per_epoch),
-            paths=paths,
-            recipe={**shared, **dataclasses.asdict(speed)},
+            schedule,
+            base_model=parent and parent.hub_id,
         )
         self.chief = hosts.is_chief(strategy)
         self.pusher = None
@@ -82,10 +75,10 @@ class TrainingRun:
                 output.hub_push_timeout,
             )
         if self.chief:
-            settings = checkpoints.resume_settings(
-                config, manifests[0], plan.global_batch_size, total_steps, shared
+            recorded = checkpoints.resume_settings(
+                settings, config, manifests[0], self.plan.global_batch_size, self.total_steps
             )
-            checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, settings)
+            checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, recorded)
         # nobody reads the checkpoints while the chief may still be clearing them
         hosts.wait_for_every_worker(strategy)
         self.started = time.perf_counter()

@@ -86,11 +86,12 @@ def evaluation_batches(argv):
     from mlm_pipeline import hosts, shard_checks
 
     args = run_mlm.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    manifests = shard_checks.read_training_manifests(
-        args.train_dataset, args.eval_dataset, tokenizer, args.model_name_or_path, "its tokenizer"
-    )
-    plans = hosts.input_plans(tf.distribute.get_strategy(), manifests, args.per_replica_batch_size)
+    data, parent = args.data, args.model.model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(parent)
+    named = contract.NamedTokenizer(tokenizer, parent, "its tokenizer")
+    manifests = shard_checks.read_training_manifests(data.train_dataset, data.eval_dataset, named)
+    batch_size = args.speed.per_replica_batch_size
+    plans = hosts.input_plans(tf.distribute.get_strategy(), manifests, batch_size)
     host = plans[1].pipeline_input(tf.distribute.InputContext())
     dataset = run_mlm.build_dataset(
         host.files,
@@ -98,7 +99,7 @@ def evaluation_batches(argv):
         False,
         tokenizer=tokenizer,
         max_length=manifests[0]["max_length"],
-        masking=run_mlm.settings(run_mlm.Masking, args),
+        masking=args.masking,
         batches_per_epoch=host.batches_per_epoch,
         pipeline=host.pipeline,
     )

@@ -349,12 +349,13 @@ def hub_pusher_args(repo_id):
     return run_mlm.parse_args(argv)
 
 
-def hub_pusher(args):
-    """The pusher run_mlm.main() makes for these flags, before any model or tokenizer exists."""
+def hub_pusher(settings):
+    """The pusher run_mlm.main() makes for these settings, before any model or tokenizer exists."""
+    output = settings.output
     return HubPusher(
-        args.hub_model_id,
-        args.hub_private,
-        args.output_dir,
+        output.hub_model_id,
+        output.hub_private,
+        output.output_dir,
         save_model=None,
         card=None,
     )
@@ -425,17 +426,24 @@ def test_run_mlm_stops_before_the_model_when_the_hub_fails(
     assert TOKEN not in result.stdout + result.stderr
 
 
+def refused_as_read(argv, capsys):
+    """The one line run_mlm.py's command line `argv` is refused with, as it is read (exit 1)."""
+    with pytest.raises(SystemExit) as refusal:
+        run_mlm.parse_args(argv)
+    assert refusal.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
 @pytest.mark.parametrize("repo_id", ["tester/has space", "a/b/c", "tester/double--dash"])
-def test_a_malformed_hub_model_id_is_refused_before_any_work(repo_id):
-    with pytest.raises(
-        run_mlm.UsageError, match=f"--hub_model_id {repo_id} is not a Hub repository id"
-    ):
-        run_mlm.check_args(hub_pusher_args(repo_id))
-
-
-def test_hub_private_without_a_repository_is_refused():
-    args = run_mlm.parse_args(
-        ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o", "--hub_private"]
+def test_a_malformed_hub_model_id_is_refused_before_any_work(repo_id, capsys):
+    argv = flags(train_dataset="d", tokenizer="t", output_dir="o", hub_model_id=repo_id)
+    line = refused_as_read(argv, capsys)
+    assert line.startswith(
+        f"run_mlm.py: error: --hub_model_id {repo_id} is not a Hub repository id"
     )
-    with pytest.raises(run_mlm.UsageError, match="--hub_private needs --hub_model_id"):
-        run_mlm.check_args(args)
+
+
+def test_hub_private_without_a_repository_is_refused(capsys):
+    argv = ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o", "--hub_private"]
+    assert "--hub_private needs --hub_model_id" in refused_as_read(argv, capsys)

@@ -157,7 +157,7 @@ def dataset_options(tokenizer, **masking):
     """build_dataset's named values as main() passes them for run_mlm.py's default flags, with a
     shuffle buffer of 1 unless `masking` (Masking settings by name) says otherwise."""
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
-    defaults = run_mlm.settings(run_mlm.Masking, run_mlm.parse_args(argv))
+    defaults = run_mlm.parse_args(argv).masking
     masking = dataclasses.replace(defaults, **{"shuffle_buffer_size": 1, **masking})
     return dict(tokenizer=tokenizer, max_length=MAX_LENGTH, masking=masking)
 

@@ -258,7 +258,8 @@ def test_tensorflow_pipeline_still_loads_the_folder_as_it_is(model_type, trained
 def save(masked_lm, tokenizer, output_dir, pytorch_export=True):
     """As run_mlm.main() saves the model on the chief."""
     with model_folder.staging(output_dir) as folder:
-        run_mlm.save_model(folder, masked_lm, tokenizer, pytorch_export)
+        length = tokenizer.model_max_length  # as it is: the test only saves
+        model_folder.save_model(folder, masked_lm, tokenizer, length, pytorch_export)
 
 
 def test_copy_is_published_before_config_json(trained, tokenizer, tmp_path, monkeypatch):

@@ -451,7 +451,7 @@ def initial_weights(shards_dir, tokenizer_dir):
     tokenizer = contract.load_tokenizer(str(tokenizer_dir), "--tokenizer", require_mlm_tokens=True)
     args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
     tf_keras.utils.set_random_seed(0)
-    config = run_mlm.build_config(tokenizer, MAX_LENGTH, run_mlm.settings(run_mlm.Model, args))
+    config = run_mlm.build_config(tokenizer, MAX_LENGTH, args.model)
     masked_lm = TFAutoModelForMaskedLM.from_config(config)
     masked_lm(masked_lm.dummy_inputs)
     return [weight.numpy() for weight in masked_lm.weights]

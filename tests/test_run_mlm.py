@@ -386,7 +386,7 @@ def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
-    model = run_mlm.settings(run_mlm.Model, run_mlm.parse_args(argv))  # RoBERTa-base's config
+    model = run_mlm.parse_args(argv).model  # RoBERTa-base's config
     assert run_mlm.build_config(tokenizer, MAX_LENGTH, model).pad_token_id == 1
     tokenizer.pad_token = "[SEP]"
     with pytest.raises(run_mlm.UsageError, match=r"pad token '\[SEP\]' has id 2.*fixed at 1"):
@@ -493,6 +493,20 @@ BAD_FLAGS_AND_FILES = [
         "{shards}/train",
     ),
     case("run_mlm: missing tokenizer", RUN_MLM + " --tokenizer {out}_tok", "--tokenizer {out}_tok"),
+    # the rules of the flags come before any path is probed: not "Cloud Storage cannot be reached"
+    case(
+        "run_mlm: a rule broken before the bucket probe",
+        RUN_MLM
+        + " --output_dir gs://no-such-bucket-here/model --warmup_ratio 0.5 --decay_ratio 0.7",
+        "--decay_ratio 0.7 must lie in (0, 1 - --warmup_ratio] with --warmup_ratio 0.5",
+    ),
+    case(
+        "run_mlm: --max_length other than the shards'",
+        RUN_MLM + " --max_length 64",
+        "--max_length 64 does not match",
+        f"written with --max_length {MAX_LENGTH}",
+        "prepare_tfrecord_shards.py --max_length 64",
+    ),
 ]
 
 
@@ -750,12 +764,12 @@ def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
     """On a TPU VM, building the strategy initialises the TPU system: a bad --output_dir is
     refused first."""
 
-    def no_strategy_yet(args):
+    def no_strategy_yet(hardware):
         raise AssertionError("the strategy was built before --output_dir was checked")
 
     a_file = tmp_path / "a_file"
     a_file.write_text("a file where a folder should be\n")
-    monkeypatch.setattr(run_mlm, "build_strategy", no_strategy_yet)
+    monkeypatch.setattr(run_mlm.hosts, "build_strategy", no_strategy_yet)
     args = mlm_args(shards_dir / "train", tokenizer_dir, a_file / "model")
     with pytest.raises(run_mlm.UsageError, match="a_file"):
         run_in_process(*args)
@@ -769,25 +783,31 @@ def test_run_mlm_tokenizer_folder_without_a_tokenizer(shards_dir, tmp_path):
     refused(script_in_process, "run_mlm.py", args, output_dir, empty)
 
 
-def test_each_settings_group_holds_the_flags_of_its_argparse_group(monkeypatch):
-    """run_mlm.py's settings travel in groups (Model, Masking, ...), each made from the flags of
-    the argparse group of its name: a flag added to a group without a field, or a field without a
-    flag, would never reach the code, the resume check or the card."""
-    parsers = []
-    parse = run_mlm.OneLineErrorParser.parse_args
-    monkeypatch.setattr(
-        run_mlm.OneLineErrorParser,
-        "parse_args",
-        lambda self, argv=None: parsers.append(self) or parse(self, argv),
-    )
-    args = run_mlm.parse_args(["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"])
-    groups = {group.title: group for group in parsers[0]._action_groups}
-    every = (run_mlm.Model, run_mlm.Masking, run_mlm.Optimizer, run_mlm.Speed, run_mlm.Steps)
-    for settings in (*every, run_mlm.Output):
-        flags = {action.dest for action in groups[settings.__name__.lower()]._group_actions}
-        assert flags == {field.name for field in dataclasses.fields(settings)}, settings
-        made = run_mlm.settings(settings, args)
-        assert all(getattr(made, name) == getattr(args, name) for name in flags)
+def test_each_setting_is_a_flag_of_its_group_with_its_default_help_and_type(capsys):
+    """The command line built from run_mlm.py's groups (mlm_pipeline/settings.py): each field a
+    flag in the --help group of its group's name, with its default and help; a value given lands
+    in its group, typed and range-checked by the field's type; a bool is a flag without a value."""
+    argv = ["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"]
+    with pytest.raises(SystemExit):
+        run_mlm.parse_args(["--help"])
+    help_text = capsys.readouterr().out
+    defaults = run_mlm.parse_args(argv)
+    for group_field in dataclasses.fields(run_mlm.Settings):
+        section = help_text.split(f"\n{group_field.name}:\n", 1)[1].split("\n\n", 2)[1]
+        for field in dataclasses.fields(group_field.type):
+            assert f"--{field.name}" in section, (group_field.name, field.name)
+            if f"--{field.name}" not in argv:
+                assert getattr(getattr(defaults, group_field.name), field.name) == field.default
+    assert "Should match the setting used in" in help_text  # the 🤗 example's --max_length
+    given = run_mlm.parse_args([*argv, "--learning_rate", "3e-4", "--bfloat16", "--max_steps", "9"])
+    assert given.optimizer.learning_rate == 3e-4 and given.speed.bfloat16 is True
+    assert given.steps.max_steps == 9 and given.data.train_dataset == "t"
+    for wrong in (["--bfloat16", "True"], ["--max_steps", "0"], ["--mlm_head", "half"]):
+        with pytest.raises(SystemExit) as refusal:
+            run_mlm.parse_args([*argv, *wrong])
+        assert refusal.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith("run_mlm.py: error: ") and wrong[-1] in line, line
 
 
 # --------------------------------------------------------------------------------------------------
@@ -824,9 +844,7 @@ def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp
 
     path = write_config(tmp_path, **MODERNBERT_CONFIG)
     argv = ["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"]
-    model = run_mlm.settings(
-        run_mlm.Model, run_mlm.parse_args([*argv, "--pretrained_model_config", str(path)])
-    )
+    model = run_mlm.parse_args([*argv, "--pretrained_model_config", str(path)]).model
     config = run_mlm.build_config(tokenizer, MAX_LENGTH, model)
     expected = {
         "vocab_size": len(tokenizer),

@@ -104,7 +104,7 @@ def test_learning_rate_follows_the_warmup_and_decay(run):
     warmup = int(0.25 * total)
     peak = run_mlm.parse_args(
         ["--train_dataset", "d", "--tokenizer", "t", "--output_dir", "o"]
-    ).learning_rate
+    ).optimizer.learning_rate
     for step, rate in rates.items():
         expected = (
             peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
