@@ -29,9 +29,9 @@ The plumbing (reading and checking the data, the model folder, the card, the Hub
 mlm_pipeline/.
 """
 
-import argparse
-import sys
+import dataclasses
 import time
+from typing import Optional
 
 from mlm_pipeline import (
     classifier_folder,
@@ -39,11 +39,12 @@ from mlm_pipeline import (
     hub,
     labelled_data,
     model_folder,
-    storage,
+    segments,
     tf_startup,
+    training_logs,
 )
+from mlm_pipeline.cards import model_name
 from mlm_pipeline.errors import (
-    OneLineErrorParser,
     UsageError,
     exit_on_usage_error,
     fraction_below_one,
@@ -51,135 +52,141 @@ from mlm_pipeline.errors import (
     positive_int,
 )
 from mlm_pipeline.pretrained_model import PretrainedModel, load_weights
+from mlm_pipeline.settings import parse_command_line, setting
 
 # Most SST-2 sentences fit in 64 tokens of a small Unigram vocabulary.
 DEFAULT_MAX_LENGTH = 64
 
+# The settings, each declared once: a field of its group, with its flag's help, type and default;
+# the command line is built from the groups (parse_args).
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """The pretrained model to fine-tune."""
+
+    model_name_or_path: str = setting(
+        "the run_mlm.py output folder (local or gs://) or Hub id to start from", required=True
+    )
+    from_scratch: bool = setting(
+        "train the same architecture from random weights instead (the baseline that shows what "
+        "pretraining adds)",
+        False,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The labelled examples: a Hub dataset, or local files."""
+
+    dataset_name: str = setting(
+        "the Hub dataset whose train and validation splits are the task (GLUE's)", "nyu-mll/glue"
+    )
+    dataset_config: str = setting("the dataset's configuration, i.e. its task", "sst2")
+    train_file: Optional[str] = setting(
+        "a local .tsv, .csv or .jsonl file of training examples, with a header; instead of "
+        "--dataset_name"
+    )
+    validation_file: Optional[str] = setting(
+        "the local file of validation examples, with --train_file"
+    )
+    text_column: str = setting("the column that holds the text", "sentence")
+    text_pair_column: Optional[str] = setting(
+        "the column that holds the second text of pair tasks (MRPC, RTE: sentence2)"
+    )
+    label_column: str = setting("the column of integer labels 0..n-1", "label")
+    limit: Optional[int] = setting("train on the first N training examples only", type=positive_int)
+    max_length: Optional[int] = setting(
+        f"tokens every example is cut or padded to; when not given, {DEFAULT_MAX_LENGTH} or the "
+        "length the model was pretrained on if that is shorter",
+        type=positive_int,
+    )
+    pad_to_max_length: bool = setting(
+        "pad every training batch to --max_length (always on a TPU), instead of to the shortest "
+        "of 16, 32, 64... tokens that holds its examples",
+        False,
+    )
+
+    def __post_init__(self):
+        if bool(self.train_file) != bool(self.validation_file):
+            given = "--train_file" if self.train_file else "--validation_file"
+            raise UsageError(
+                f"{given} needs its partner: pass both --train_file and --validation_file (the "
+                "score is measured on the validation file), or neither to read --dataset_name."
+            )
+
+
+# The defaults fine-tune BENCHMARKS.md's small CPU models on SST-2 in 2.5 minutes on 2 cores:
+# 2 epochs of 32 examples a batch at a peak of 3e-4 through the first token's head, no dropout
+# but the pretrained config's. On SST-2's validation split (BENCHMARKS.md) they beat peaks of
+# 1e-4, 2e-4 and 1e-3, dropout 0.1, one or three epochs, 128 tokens, and a head on the mean of
+# the token states, and tie batches of 16 and peaks of 5e-4 and 7e-4. A base-size model wants a
+# lower peak (BERT: 2e-5 to 5e-5) and its dropout of 0.1.
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """How to fine-tune, and where the classifier goes."""
+
+    output_dir: str = setting("where the classifier is saved (local or gs://)", required=True)
+    overwrite_output_dir: bool = setting("replace a classifier already saved there", False)
+    per_replica_batch_size: int = setting(
+        "examples each replica takes a step", 32, type=positive_int
+    )
+    num_epochs: int = setting("passes over the training examples", 2, type=positive_int)
+    learning_rate: float = setting("the peak learning rate", 3e-4, type=positive_float)
+    warmup_ratio: float = setting(
+        "the share of the steps over which the learning rate rises to its peak (it then falls "
+        "linearly to 0)",
+        0.1,
+        type=fraction_below_one,
+    )
+    dropout: Optional[float] = setting(
+        "the dropout rate in the encoder and the new head while fine-tuning; when not given, the "
+        "pretrained config's (BENCHMARKS.md's CPU recipe pretrains with none)",
+        type=fraction_below_one,
+    )
+    seed: int = setting("seed of the new head's weights and the shuffling", 42, type=int)
+    hub_model_id: Optional[str] = setting(
+        "also push the classifier to this Hub repository (namespace/name)"
+    )
+    hub_private: bool = setting("create the --hub_model_id repository private", False)
+    no_pytorch_export: bool = setting(
+        "skip the pytorch/ copy of the classifier that transformers 5 loads", False
+    )
+
+    def __post_init__(self):
+        hub.check_hub_flags(self.hub_model_id, self.hub_private, "my-user/roberta-sst2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Where the steps run: a TPU, else the GPUs or the CPU (one machine, the CPU unsplit)."""
+
+    tpu_name: str = setting("the TPU's name; 'local' on a TPU VM", "local")
+    tpu_zone: Optional[str] = setting("the zone of a TPU node, when not on a TPU VM")
+    gcp_project: Optional[str] = setting("the GCP project of a TPU node, when not on a TPU VM")
+    no_tpu: bool = setting("train on the GPUs, or the CPU when there are none", False)
+    multi_worker = False  # not flags here: hosts.build_strategy's cluster and CPU split, unused
+    cpu_replicas = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every group of run_classifier.py's settings, named as its --help group."""
+
+    model: Model
+    data: Data
+    training: Training
+    hardware: Hardware
+
 
 def parse_args(argv=None):
-    parser = OneLineErrorParser(
+    """The command line as Settings; a flag or a rule broken is refused in one line."""
+    return parse_command_line(
+        Settings,
+        argv,
+        prog="run_classifier.py",
         description="Fine-tune a pretrained masked language model on a text classification task.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument_group("model").add_argument
-    add(
-        "--model_name_or_path",
-        required=True,
-        help="the run_mlm.py output folder (local or gs://) or Hub id to start from",
-    )
-    add(
-        "--from_scratch",
-        action="store_true",
-        help="train the same architecture from random weights instead (the baseline that shows "
-        "what pretraining adds)",
-    )
-    add = parser.add_argument_group("data").add_argument
-    add(
-        "--dataset_name",
-        default="nyu-mll/glue",
-        help="the Hub dataset whose train and validation splits are the task (GLUE's)",
-    )
-    add("--dataset_config", default="sst2", help="the dataset's configuration, i.e. its task")
-    add(
-        "--train_file",
-        help="a local .tsv, .csv or .jsonl file of training examples, with a header; instead of "
-        "--dataset_name",
-    )
-    add("--validation_file", help="the local file of validation examples, with --train_file")
-    add("--text_column", default="sentence", help="the column that holds the text")
-    add(
-        "--text_pair_column",
-        help="the column that holds the second text of pair tasks (MRPC, RTE: sentence2)",
-    )
-    add("--label_column", default="label", help="the column of integer labels 0..n-1")
-    add("--limit", type=positive_int, help="train on the first N training examples only")
-    add(
-        "--max_length",
-        type=positive_int,
-        help=f"tokens every example is cut or padded to; when not given, {DEFAULT_MAX_LENGTH} or "
-        "the length the model was pretrained on if that is shorter",
-    )
-    add(
-        "--pad_to_max_length",
-        action="store_true",
-        help="pad every training batch to --max_length (always on a TPU), instead of to the "
-        "shortest of 16, 32, 64... tokens that holds its examples",
-    )
-    # The defaults fine-tune BENCHMARKS.md's small CPU models on SST-2 in 2.5 minutes on 2 cores:
-    # 2 epochs of 32 examples a batch at a peak of 3e-4 through the first token's head, no dropout
-    # but the pretrained config's. On SST-2's validation split (BENCHMARKS.md) they beat peaks of
-    # 1e-4, 2e-4 and 1e-3, dropout 0.1, one or three epochs, 128 tokens, and a head on the mean of
-    # the token states, and tie batches of 16 and peaks of 5e-4 and 7e-4. A base-size model wants a
-    # lower peak (BERT: 2e-5 to 5e-5) and its dropout of 0.1.
-    add = parser.add_argument_group("training").add_argument
-    add("--output_dir", required=True, help="where the classifier is saved (local or gs://)")
-    add(
-        "--overwrite_output_dir",
-        action="store_true",
-        help="replace a classifier already saved there",
-    )
-    add(
-        "--per_replica_batch_size",
-        type=positive_int,
-        default=32,
-        help="examples each replica takes a step",
-    )
-    add("--num_epochs", type=positive_int, default=2, help="passes over the training examples")
-    add("--learning_rate", type=positive_float, default=3e-4, help="the peak learning rate")
-    add(
-        "--warmup_ratio",
-        type=fraction_below_one,
-        default=0.1,
-        help="the share of the steps over which the learning rate rises to its peak (it then "
-        "falls linearly to 0)",
-    )
-    add(
-        "--dropout",
-        type=fraction_below_one,
-        help="the dropout rate in the encoder and the new head while fine-tuning; when not given, "
-        "the pretrained config's (BENCHMARKS.md's CPU recipe pretrains with none)",
-    )
-    add("--seed", type=int, default=42, help="seed of the new head's weights and the shuffling")
-    add("--hub_model_id", help="also push the classifier to this Hub repository (namespace/name)")
-    add("--hub_private", action="store_true", help="create the --hub_model_id repository private")
-    add(
-        "--no_pytorch_export",
-        action="store_true",
-        help="skip the pytorch/ copy of the classifier that transformers 5 loads",
-    )
-    add = parser.add_argument_group("hardware").add_argument
-    add("--tpu_name", default="local", help="the TPU's name; 'local' on a TPU VM")
-    add("--tpu_zone", help="the zone of a TPU node, when not on a TPU VM")
-    add("--gcp_project", help="the GCP project of a TPU node, when not on a TPU VM")
-    add("--no_tpu", action="store_true", help="train on the GPUs, or the CPU when there are none")
-    return parser.parse_args(argv)
-
-
-def check_args(args):
-    """Flags that cannot work together and unusable output paths: one line each, before any work."""
-    if bool(args.train_file) != bool(args.validation_file):
-        given = "--train_file" if args.train_file else "--validation_file"
-        raise UsageError(
-            f"{given} needs its partner: pass both --train_file and --validation_file (the score "
-            "is measured on the validation file), or neither to read --dataset_name."
-        )
-    hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-sst2")
-    paths = {"--model_name_or_path": args.model_name_or_path, "--output_dir": args.output_dir}
-    storage.check_gcs_paths(paths, writable=["--output_dir"])
-    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
-        model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
-
-
-def build_strategy(args):
-    """TPUStrategy unless --no_tpu; without a TPU, mirrored over the GPUs, or the default strategy
-    on the CPU (hosts.py). TF's start-up log is shown only if this fails."""
-    import tensorflow as tf
-
-    with tf_startup.tensorflow_startup_log_held_back():
-        if args.no_tpu:
-            return hosts.strategy_without_tpu()
-        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
-        return tf.distribute.TPUStrategy(resolver)
 
 
 def encode(tokenizer, split, max_length, with_token_types):
@@ -279,20 +286,11 @@ def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=N
     return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def build_classifier(
-    pretrained,
-    strategy,
-    label_names,
-    total_steps,
-    *,
-    from_scratch,
-    learning_rate,
-    warmup_ratio,
-    dropout,
-):
+def build_classifier(pretrained, strategy, label_names, total_steps, from_scratch, training):
     """The pretrained encoder with a new classification head (or the same architecture from random
-    weights), and AdamW, made in the strategy's scope, compiled with the cross-entropy of the
-    head's logits."""
+    weights, `from_scratch`), and AdamW as the Training group says (its peak, warmup and dropout),
+    made in the strategy's scope, compiled with the cross-entropy of the head's logits."""
+    dropout = training.dropout
     import tf_keras
     from transformers import TFAutoModelForSequenceClassification, create_optimizer
 
@@ -313,9 +311,9 @@ def build_classifier(
         # BERT's fine-tuning schedule: linear warmup, then linear decay to 0; no weight decay on
         # biases and layer norms.
         optimizer, _ = create_optimizer(
-            learning_rate,
+            training.learning_rate,
             total_steps,
-            int(warmup_ratio * total_steps),
+            segments.warmup_steps(training.warmup_ratio, total_steps),
             weight_decay_rate=0.01,
         )
         classifier.compile(
@@ -341,55 +339,41 @@ def evaluate(classifier, dataset, validation, label_count, pair_task):
     return scores
 
 
-def save_classifier(
-    folder, classifier, tokenizer, max_length, card_text, scores, pytorch_export=True
-):
-    """config.json, tf_model.h5, the tokenizer (its model_max_length the training length), the
-    pytorch/ copy that transformers 5 loads (pytorch_weights.py), the card and eval_results.json."""
-    classifier.save_pretrained(folder)
-    tokenizer.model_max_length = max_length
-    tokenizer.save_pretrained(folder)
-    if pytorch_export:
-        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
-
-        pytorch_weights.write_pytorch_copy(classifier, tokenizer, folder)
-    classifier_folder.write_card_and_scores(folder, card_text, scores)
-
-
-def main(args, callbacks=()):
-    """Fine-tune, evaluate and save as the flags say; returns the validation scores. `callbacks`:
-    Keras callbacks for fit() (benchmarks/classifier_speed.py times the steps with one)."""
-    check_args(args)  # a bad flag or output folder is one line, before any work
+def main(settings, callbacks=()):
+    """Fine-tune, evaluate and save as `settings` say (parse_args(): the command line's, its rules
+    checked); returns the validation scores. `callbacks`: Keras callbacks for fit()
+    (benchmarks/classifier_speed.py times the steps with one)."""
+    model, data, training = settings.model, settings.data, settings.training
+    inputs = {"--model_name_or_path": model.model_name_or_path}
+    model_folder.check_output(training, inputs)  # a path or output folder that cannot work
     repo_id = None
-    if args.hub_model_id:  # an unusable Hub stops the run now, not after training
-        repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--hub_model_id")
-    strategy = build_strategy(args)
+    if training.hub_model_id:  # an unusable Hub stops the run now, not after training
+        repo_id = hub.open_repository(training.hub_model_id, training.hub_private, "--hub_model_id")
+    strategy = hosts.build_strategy(settings.hardware)
     import tensorflow as tf
     import tf_keras
 
     # The pretrained folder: its config and tokenizer (the weights load with the model, below).
-    pretrained = PretrainedModel(args.model_name_or_path, weights=not args.from_scratch)
-    max_length = pretrained.check_max_length(args.max_length, DEFAULT_MAX_LENGTH)
-    pytorch_export = not args.no_pytorch_export
+    pretrained = PretrainedModel(model.model_name_or_path, weights=not model.from_scratch)
+    max_length = pretrained.check_max_length(data.max_length, DEFAULT_MAX_LENGTH)
+    pytorch_export = not training.no_pytorch_export
     if pytorch_export:  # a copy that cannot be written is refused now, not after training
-        from mlm_pipeline import pytorch_weights  # only for the PyTorch copy
+        model_folder.check_pytorch_copy(pretrained.config, masked_lm=False)
 
-        pytorch_weights.check_pytorch_export(pretrained.config, masked_lm=False)
-
-    tf_keras.utils.set_random_seed(args.seed)  # the shuffling, the new head's weights, dropout
+    tf_keras.utils.set_random_seed(training.seed)  # the shuffling, the new head's weights, dropout
 
     # The data: texts and labels, checked; token ids of one length; batches of one shape.
     train, validation, label_names = labelled_data.load_labelled_splits(
-        dataset_name=args.dataset_name,
-        dataset_config=args.dataset_config,
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        text_column=args.text_column,
-        text_pair_column=args.text_pair_column,
-        label_column=args.label_column,
-        limit=args.limit,
+        dataset_name=data.dataset_name,
+        dataset_config=data.dataset_config,
+        train_file=data.train_file,
+        validation_file=data.validation_file,
+        text_column=data.text_column,
+        text_pair_column=data.text_pair_column,
+        label_column=data.label_column,
+        limit=data.limit,
     )
-    global_batch_size = args.per_replica_batch_size * strategy.num_replicas_in_sync
+    global_batch_size = training.per_replica_batch_size * strategy.num_replicas_in_sync
     if len(train) < global_batch_size:
         raise UsageError(
             f"the batch of {global_batch_size} examples is larger than the {len(train)} training "
@@ -400,7 +384,7 @@ def main(args, callbacks=()):
     eval_features = encode(pretrained.tokenizer, validation, max_length, with_token_types)
     # A TPU compiles a program for each shape it meets, so there every batch has the one length.
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-    bucket_lengths = None if args.pad_to_max_length or on_tpu else length_buckets(max_length)
+    bucket_lengths = None if data.pad_to_max_length or on_tpu else length_buckets(max_length)
     steps_per_epoch = steps_per_epoch_of(train_features, global_batch_size, bucket_lengths)
     if steps_per_epoch == 0:
         raise UsageError(
@@ -412,30 +396,23 @@ def main(args, callbacks=()):
         train.labels,
         global_batch_size,
         training=True,
-        seed=args.seed,
+        seed=training.seed,
         bucket_lengths=bucket_lengths,
     )
     eval_dataset = build_dataset(
-        eval_features, validation.labels, global_batch_size, training=False, seed=args.seed
+        eval_features, validation.labels, global_batch_size, training=False, seed=training.seed
     )
 
     # The model: the pretrained encoder and a new head, AdamW over every step of the run.
-    total_steps = args.num_epochs * steps_per_epoch
+    total_steps = training.num_epochs * steps_per_epoch
     classifier = build_classifier(
-        pretrained,
-        strategy,
-        label_names,
-        total_steps,
-        from_scratch=args.from_scratch,
-        learning_rate=args.learning_rate,
-        warmup_ratio=args.warmup_ratio,
-        dropout=args.dropout,
+        pretrained, strategy, label_names, total_steps, model.from_scratch, training
     )
-    start = "random weights" if args.from_scratch else f"the pretrained {args.model_name_or_path}"
+    start = "random weights" if model.from_scratch else f"the pretrained {model.model_name_or_path}"
     print(
         f"Fine-tuning {type(classifier).__name__} ({classifier.count_params():,} parameters) from "
-        f"{start} on {len(train):,} examples, {len(label_names)} labels: {args.num_epochs} epochs "
-        f"of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
+        f"{start} on {len(train):,} examples, {len(label_names)} labels: {training.num_epochs} "
+        f"epochs of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
         f"{lengths_in_words(bucket_lengths or [max_length])} tokens."
     )
 
@@ -443,14 +420,14 @@ def main(args, callbacks=()):
     started = time.perf_counter()
     classifier.fit(
         train_dataset,
-        epochs=args.num_epochs,
+        epochs=training.num_epochs,
         validation_data=eval_dataset,
         callbacks=list(callbacks),
-        verbose=1 if sys.stdout.isatty() else 2,  # a progress bar on a terminal, a line in a log
+        verbose=training_logs.progress_verbosity(),
     )
     minutes = (time.perf_counter() - started) / 60
     scores = evaluate(
-        classifier, eval_dataset, validation, len(label_names), args.text_pair_column is not None
+        classifier, eval_dataset, validation, len(label_names), data.text_pair_column is not None
     )
     most_frequent = max(range(len(label_names)), key=train.labels.count)
     majority = validation.majority_share(most_frequent)
@@ -463,10 +440,10 @@ def main(args, callbacks=()):
     # Save: staged, then published with config.json last, so no half-written folder looks done.
     card_text = classifier_folder.classifier_card(
         classifier,
-        name=args.hub_model_id or args.output_dir.rstrip("/").rsplit("/", 1)[-1],
-        pretrained=args.model_name_or_path,
-        from_scratch=args.from_scratch,
-        dataset=None if args.train_file else (args.dataset_name, args.dataset_config),
+        name=model_name(training.hub_model_id, training.output_dir),
+        pretrained=model.model_name_or_path,
+        from_scratch=model.from_scratch,
+        dataset=None if data.train_file else (data.dataset_name, data.dataset_config),
         train=train,
         validation=validation,
         label_names=label_names,
@@ -475,24 +452,25 @@ def main(args, callbacks=()):
         settings=dict(
             max_length=max_length,
             global_batch_size=global_batch_size,
-            num_epochs=args.num_epochs,
+            num_epochs=training.num_epochs,
             steps=total_steps,
-            learning_rate=args.learning_rate,
-            warmup_ratio=args.warmup_ratio,
-            seed=args.seed,
+            learning_rate=training.learning_rate,
+            warmup_ratio=training.warmup_ratio,
+            seed=training.seed,
             minutes=minutes,
         ),
         pytorch_copy=pytorch_export,
     )
-    classifier_folder.stop_looking_finished(args.output_dir)  # a replaced classifier's config.json
-    with model_folder.staging(args.output_dir) as folder:
-        save_classifier(
-            folder, classifier, pretrained.tokenizer, max_length, card_text, scores, pytorch_export
+    classifier_folder.stop_looking_finished(training.output_dir)  # a replaced one's config.json
+    with model_folder.staging(training.output_dir) as folder:
+        model_folder.save_model(
+            folder, classifier, pretrained.tokenizer, max_length, pytorch_export
         )
+        classifier_folder.write_card_and_scores(folder, card_text, scores)
     saved = "its tokenizer, PyTorch copy," if pytorch_export else "its tokenizer,"
-    print(f"Saved the classifier, {saved} card and eval_results.json to {args.output_dir}.")
+    print(f"Saved the classifier, {saved} card and eval_results.json to {training.output_dir}.")
     if repo_id is not None:
-        classifier_folder.push_to_hub(repo_id, args.output_dir, card_text, scores)
+        classifier_folder.push_to_hub(repo_id, training.output_dir, card_text, scores)
     return scores
 
 
