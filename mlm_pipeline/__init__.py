@@ -14,6 +14,8 @@ against the imports.
     __init__           1 2 3 4  this index
     errors             1 2 3 4  one-line errors: UsageError, the argparse parser and types, how a
                                 script exits
+    settings               3 4  a training script's settings declared once, as fields of group
+                                dataclasses; its command line built from them
     tf_startup         1 2 3 4  TensorFlow's start-up log, held back unless start-up fails
     storage            1 2 3 4  local or gs:// output folders, checked before any work (a
                                 short-lived probe); files written whole, folders published
@@ -37,9 +39,11 @@ against the imports.
                                 and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,
                                 the runner, the run and its errors
-    hosts                  3 4  the TPU connected, or the strategy without one; on several hosts,
-                                who writes and which shard files each host's input pipeline reads
-    model_folder           3 4  a finished model's folder: refused unless replaced on request,
+    hosts                  3 4  the strategy: the TPU connected, or the strategy without one; on
+                                several hosts, who writes and which shard files each host's input
+                                pipeline reads
+    model_folder           3 4  a finished model's folder: the output checked before any work,
+                                refused unless replaced on request, saved with its PyTorch copy,
                                 published so that it never looks finished early
     pretrained_model       3 4  the published model a run starts from: to fine-tune, or the
                                 parent of continued pretraining with all its rules; a folder or
@@ -59,9 +63,10 @@ against the imports.
     metrics                3    the accuracy metrics, over the masked positions only
     checkpoints            3    run_mlm.py's output folder as a run goes: started afresh or
                                 checked to be this run's, checkpoints saved and restored on resume
-    segments               3    optimizer steps counted through epochs and fit() calls of fixed
-                                shape
-    training_logs          3    TensorBoard scalars, the CSV log, the curves PNG, the summary line
+    segments               3 4  optimizer steps: the warmup's; run_mlm.py's counted through epochs
+                                and fit() calls of fixed shape
+    training_logs          3 4  fit()'s progress display; TensorBoard scalars, the CSV log, the
+                                curves PNG, the summary line
     model_card             3    run_mlm.py's model card, written with the curves beside the model
     hub_pusher             3    run_mlm.py's Hub pushes: a snapshot at each evaluation in the
                                 background, the final model last
