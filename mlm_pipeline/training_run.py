@@ -64,6 +64,9 @@ class TrainingRun:
         self.chief = hosts.is_chief(strategy)
         self.pusher = None
         if output.hub_model_id and self.chief:
+            # In place of transformers' PushToHubCallback, which clones the Hub repository with
+            # git into the output folder (never a gs:// one) and pushes from there: HubPusher
+            # uploads over HTTP from a background thread, whatever folder the model is in.
             from . import hub_pusher  # only for --hub_model_id
 
             self.pusher = hub_pusher.HubPusher(
