@@ -34,7 +34,7 @@ def first_failure(paths, probe_prefix):
             tf.io.gfile.exists(path)
         except tf.errors.OpError as error:
             return report(path, "read", type(error).__name__, str(error))
-        bucket = "/".join(path.split("/")[:3])
+        bucket = bucket_of(path)
         try:
             if not tf.io.gfile.exists(bucket):
                 return report(path, "read", "NoSuchBucket", bucket)
@@ -59,6 +59,11 @@ def first_failure(paths, probe_prefix):
 def report(path, step, error, message, left=None):
     """What failed, as storage.probe_failure() reads it."""
     return {"path": path, "step": step, "error": error, "message": message, "left": left}
+
+
+def bucket_of(path):
+    """gs://BUCKET of a gs:// path (the probe looks it up; storage.py's refusals name it)."""
+    return "/".join(path.split("/")[:3])
 
 
 def main(argv):

@@ -33,6 +33,12 @@ def is_remote(path):
     return "://" in path
 
 
+def is_hub_id(name):
+    """Whether `name`, given where a folder or a Hub id may go (--tokenizer, --model_name_or_path,
+    --dataset_name), is a Hub id: neither remote nor a path on this machine (is_local_path)."""
+    return not is_remote(name) and not is_local_path(name)
+
+
 def is_local_path(name):
     """Whether `name`, given where a folder or a Hub id may go, means a path on this machine: a Hub
     id (namespace/name) and a relative folder look alike, so the one that exists here, or that
@@ -229,7 +235,7 @@ def probe_failure(failure, flag):
     reason = gcs_failure_reason(failure["message"])
     refused = failure["error"] in ("PermissionDeniedError", "UnauthenticatedError")
     refused = refused or re.search(r"code 40[13]\b", reason)
-    bucket = "/".join(path.split("/")[:3])
+    bucket = gcs_probe.bucket_of(path)
     if step == "read" and refused:
         return UsageError(
             f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth "
