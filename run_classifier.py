@@ -43,7 +43,6 @@ from mlm_pipeline import (
     tf_startup,
     training_logs,
 )
-from mlm_pipeline.cards import model_name
 from mlm_pipeline.errors import (
     UsageError,
     exit_on_usage_error,
@@ -214,16 +213,11 @@ def length_buckets(max_length):
     return lengths[:-1] + [max_length]
 
 
-def lengths_in_words(lengths):
-    """[16, 32, 64] as "16, 32 or 64"."""
-    return " or ".join(filter(None, [", ".join(map(str, lengths[:-1])), str(lengths[-1])]))
-
-
-def bucket_of_each(features, bucket_lengths):
-    """Each example's bucket: the index of the shortest bucket length that holds its tokens."""
-    import numpy as np
-
-    return np.searchsorted(bucket_lengths, features["attention_mask"].sum(axis=1), side="left")
+def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
+    """Whole batches an epoch: of all examples, or of each bucket's."""
+    if bucket_lengths is None:
+        return len(features["input_ids"]) // batch_size
+    return int(batches_per_bucket(features, batch_size, bucket_lengths).sum())
 
 
 def batches_per_bucket(features, batch_size, bucket_lengths):
@@ -234,11 +228,11 @@ def batches_per_bucket(features, batch_size, bucket_lengths):
     return examples // batch_size
 
 
-def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
-    """Whole batches an epoch: of all examples, or of each bucket's."""
-    if bucket_lengths is None:
-        return len(features["input_ids"]) // batch_size
-    return int(batches_per_bucket(features, batch_size, bucket_lengths).sum())
+def bucket_of_each(features, bucket_lengths):
+    """Each example's bucket: the index of the shortest bucket length that holds its tokens."""
+    import numpy as np
+
+    return np.searchsorted(bucket_lengths, features["attention_mask"].sum(axis=1), side="left")
 
 
 def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=None):
@@ -322,6 +316,11 @@ def build_classifier(pretrained, strategy, label_names, total_steps, from_scratc
             weighted_metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
         )
     return classifier
+
+
+def lengths_in_words(lengths):
+    """[16, 32, 64] as "16, 32 or 64"."""
+    return " or ".join(filter(None, [", ".join(map(str, lengths[:-1])), str(lengths[-1])]))
 
 
 def evaluate(classifier, dataset, validation, label_count, pair_task):
@@ -440,26 +439,16 @@ def main(settings, callbacks=()):
     # Save: staged, then published with config.json last, so no half-written folder looks done.
     card_text = classifier_folder.classifier_card(
         classifier,
-        name=model_name(training.hub_model_id, training.output_dir),
-        pretrained=model.model_name_or_path,
-        from_scratch=model.from_scratch,
-        dataset=None if data.train_file else (data.dataset_name, data.dataset_config),
+        settings,
         train=train,
         validation=validation,
         label_names=label_names,
         scores=scores,
         majority=majority,
-        settings=dict(
-            max_length=max_length,
-            global_batch_size=global_batch_size,
-            num_epochs=training.num_epochs,
-            steps=total_steps,
-            learning_rate=training.learning_rate,
-            warmup_ratio=training.warmup_ratio,
-            seed=training.seed,
-            minutes=minutes,
-        ),
-        pytorch_copy=pytorch_export,
+        max_length=max_length,
+        global_batch_size=global_batch_size,
+        steps=total_steps,
+        minutes=minutes,
     )
     classifier_folder.stop_looking_finished(training.output_dir)  # a replaced one's config.json
     with model_folder.staging(training.output_dir) as folder:

@@ -300,7 +300,7 @@ def load_backend(tokenizer):
     from tokenizers import Tokenizer
 
     name = tokenizer.name
-    if "://" in name or os.path.isdir(name):
+    if not storage.is_hub_id(name):  # a folder, local or gs://
         with open_input(f"{name.rstrip('/')}/{TOKENIZER_FILE}") as file:
             backend = Tokenizer.from_str(file.read().decode("utf-8"))
     else:

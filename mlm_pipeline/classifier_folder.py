@@ -15,59 +15,110 @@ import shutil
 import tempfile
 
 from . import contract, hub
-from .cards import metadata_block, public_name
+from .cards import metadata_block, model_name, public_name
 from .contract import FINISHED_RUN_MARKER, MODEL_CARD_NAME, PYTORCH_DIR
-from .storage import is_remote
+from .storage import is_hub_id, is_remote
 
 EVAL_RESULTS_NAME = "eval_results.json"
 
 
+# The card's outline; each of its fields is filled by the function of the same name.
+CARD = """\
+{front_matter}
+
+# {title}
+
+{introduction}
+
+## Usage
+
+{usage}
+
+## Data
+
+{data}
+
+## Results
+
+{results}
+
+## Training
+
+{training}
+"""
+
+# Loading the classifier {id}, with transformers 4.x and TF; {example} classifies a text (a pair).
+USAGE = """\
+```python
+from transformers import pipeline
+
+classifier = pipeline("text-classification", model="{id}", framework="tf", dtype=None)
+{example}
+```"""
+
+# The same with transformers 5 and PyTorch, from the copy in {pytorch_dir}/.
+USAGE_TRANSFORMERS5 = """
+
+With transformers 5 and PyTorch, the copy in `{pytorch_dir}/`:
+
+```python
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+model = AutoModelForSequenceClassification.from_pretrained("{id}", subfolder="{pytorch_dir}")
+tokenizer = AutoTokenizer.from_pretrained("{id}", subfolder="{pytorch_dir}")
+classifier = pipeline("text-classification", model=model, tokenizer=tokenizer)
+{example}
+```"""
+
+
 def classifier_card(
     classifier,
+    settings,
     *,
-    name,
-    pretrained,
-    from_scratch,
-    dataset,
     train,
     validation,
     label_names,
     scores,
     majority,
-    settings,
-    pytorch_copy=True,
+    max_length,
+    global_batch_size,
+    steps,
+    minutes,
 ):
-    """The card's text. `classifier`: the fitted TF model; `name`: what the usage snippet loads (a
-    Hub id, or the output folder's name); `pretrained`: --model_name_or_path as given; `dataset`:
-    (Hub id, config), or None for local files; `train`, `validation`: the LabelledSplits; `scores`:
-    {"accuracy": ..., maybe "f1"} on `validation`; `majority`: the accuracy of answering the
-    training split's most frequent label everywhere; `settings`: the training settings by name
-    (max_length, global_batch_size, num_epochs, steps, learning_rate, warmup_ratio, seed,
-    minutes); `pytorch_copy`: the folder holds the pytorch/ copy for transformers 5."""
-    config = classifier.config
-    start = public_name(pretrained)
-    if from_scratch:
-        origin = (
-            f"from random weights (`--from_scratch`): the architecture of `{start}`, none of its "
-            "weights. It is the baseline that shows what pretraining adds"
-        )
-    else:
-        origin = f"from the masked language model `{start}` (pretrained by `run_mlm.py`)"
-    data = f"`{public_name(train.source)}` and `{public_name(validation.source)}`"
-    if dataset is not None:
-        data = f"the dataset `{public_name(dataset[0])}` (config `{dataset[1]}`)"
+    """The card's text. `classifier`: the fitted TF model; `settings`: run_classifier.py's
+    Settings (the model it started from, the data, the training group); `train`, `validation`: the
+    LabelledSplits; `scores`: {"accuracy": ..., maybe "f1"} on `validation`; `majority`: the
+    accuracy of answering the training split's most frequent label everywhere; then the run's
+    sequence length, global batch, optimizer steps and minutes of fine-tuning."""
+    model, data, training = settings.model, settings.data, settings.training
+    name = model_name(training.hub_model_id, training.output_dir)
+    dataset = None if data.train_file else (data.dataset_name, data.dataset_config)
+    example = 'print(classifier("A text to classify."))'
+    if train.pairs is not None:
+        example = 'print(classifier({"text": "A first text.", "text_pair": "Its partner."}))'
+    return CARD.format(
+        front_matter=front_matter(classifier.config, model, dataset, scores, name),
+        title=name,
+        introduction=introduction(classifier, label_names, model),
+        usage=usage(name, example, pytorch_copy=not training.no_pytorch_export),
+        data=data_line(dataset, train, validation),
+        results=results(scores, validation, majority),
+        training=training_table(training, max_length, global_batch_size, steps, minutes),
+    )
+
+
+def front_matter(config, model, dataset, scores, name):
+    """The metadata block; for a Hub dataset the scores too (model-index: the Hub shows them on the
+    model's page), and the pretrained model's Hub id as base_model."""
     metadata = dict(
         library_name="transformers",
         pipeline_tag="text-classification",
         tags=["text-classification", "tensorflow", config.model_type],
         metrics=list(scores),
     )
-    if dataset is not None and public_name(dataset[0]) == dataset[0]:  # a Hub id, not a folder
+    if dataset is not None and is_hub_id(dataset[0]):
         from huggingface_hub import EvalResult
 
-        data = (
-            f"the Hub dataset `{dataset[0]}` (config `{dataset[1]}`), splits train and validation"
-        )
         metadata.update(datasets=[dataset[0]], model_name=name)
         metadata["eval_results"] = [
             EvalResult(
@@ -81,76 +132,74 @@ def classifier_card(
             )
             for metric, value in scores.items()
         ]
-    if not from_scratch and public_name(pretrained) == pretrained and "://" not in pretrained:
-        metadata["base_model"] = pretrained
-    example = 'print(classifier("A text to classify."))'
-    if train.pairs is not None:
-        example = 'print(classifier({"text": "A first text.", "text_pair": "Its partner."}))'
-    transformers5 = []
-    if pytorch_copy:
-        transformers5 = [
-            "",
-            f"With transformers 5 and PyTorch, the copy in `{PYTORCH_DIR}/`:",
-            "",
-            "```python",
-            "from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline",
-            "",
-            f'model = AutoModelForSequenceClassification.from_pretrained("{name}", '
-            f'subfolder="{PYTORCH_DIR}")',
-            f'tokenizer = AutoTokenizer.from_pretrained("{name}", subfolder="{PYTORCH_DIR}")',
-            'classifier = pipeline("text-classification", model=model, tokenizer=tokenizer)',
-            example,
-            "```",
-        ]
-    score_rows = [f"| {metric} | {value:.4f} |" for metric, value in scores.items()]
+    if not model.from_scratch and is_hub_id(model.model_name_or_path):
+        metadata["base_model"] = model.model_name_or_path
+    return metadata_block(**metadata)
+
+
+def introduction(classifier, label_names, model):
+    """What the classifier is, and where its weights started."""
+    start = public_name(model.model_name_or_path)
+    if model.from_scratch:
+        origin = (
+            f"from random weights (`--from_scratch`): the architecture of `{start}`, none of its "
+            "weights. It is the baseline that shows what pretraining adds"
+        )
+    else:
+        origin = f"from the masked language model `{start}` (pretrained by `run_mlm.py`)"
     labels = ", ".join(f"{index}: `{label}`" for index, label in enumerate(label_names))
-    lines = [
-        metadata_block(**metadata),
-        "",
-        f"# {name}",
-        "",
-        f"A {config.model_type} text classifier ({classifier.count_params():,} parameters, "
-        f"{len(label_names)} labels: {labels}), fine-tuned by `run_classifier.py` with Keras `fit` "
-        f"{origin}.",
-        "",
-        "## Usage",
-        "",
-        "```python",
-        "from transformers import pipeline",
-        "",
-        f'classifier = pipeline("text-classification", model="{name}", framework="tf", dtype=None)',
-        example,
-        "```",
-        *transformers5,
-        "",
-        "## Data",
-        "",
+    return (
+        f"A {classifier.config.model_type} text classifier ({classifier.count_params():,} "
+        f"parameters, {len(label_names)} labels: {labels}), fine-tuned by `run_classifier.py` "
+        f"with Keras `fit` {origin}."
+    )
+
+
+def usage(name, example, pytorch_copy):
+    """USAGE, and USAGE_TRANSFORMERS5 when the folder holds the PyTorch copy."""
+    text = USAGE.format(id=name, example=example)
+    if pytorch_copy:
+        text += USAGE_TRANSFORMERS5.format(id=name, example=example, pytorch_dir=PYTORCH_DIR)
+    return text
+
+
+def data_line(dataset, train, validation):
+    """The examples trained and scored on: a Hub dataset's splits, a local dataset, or files."""
+    data = f"`{public_name(train.source)}` and `{public_name(validation.source)}`"
+    if dataset is not None and is_hub_id(dataset[0]):
+        data = (
+            f"the Hub dataset `{dataset[0]}` (config `{dataset[1]}`), splits train and validation"
+        )
+    elif dataset is not None:
+        data = f"the dataset `{public_name(dataset[0])}` (config `{dataset[1]}`)"
+    return (
         f"Trained on {data}: {len(train):,} training and {len(validation):,} validation examples"
-        f"{', text pairs' if train.pairs is not None else ''}.",
-        "",
-        "## Results",
-        "",
+        f"{', text pairs' if train.pairs is not None else ''}."
+    )
+
+
+def results(scores, validation, majority):
+    """The validation scores, beside the majority-class baseline."""
+    rows = "\n".join(f"| {metric} | {value:.4f} |" for metric, value in scores.items())
+    return (
         f"On the {len(validation):,} validation examples (answering the training split's most "
-        f"frequent label everywhere scores {majority:.4f}):",
-        "",
-        "| metric | validation |",
-        "|---|---|",
-        *score_rows,
-        "",
-        "## Training",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        f"| sequence length | {settings['max_length']} tokens (longer texts cut, shorter padded) |",
-        f"| batch | {settings['global_batch_size']} examples |",
-        f"| steps | {settings['steps']:,} ({settings['num_epochs']} epochs) |",
-        f"| optimizer | AdamW, peak learning rate {settings['learning_rate']:g}, linear warmup "
-        f"over {settings['warmup_ratio']:g} of the steps, then linear decay to 0 |",
-        f"| seed | {settings['seed']} |",
-        f"| time | {settings['minutes']:.1f} minutes of fine-tuning |",
-        "",
+        f"frequent label everywhere scores {majority:.4f}):\n\n"
+        f"| metric | validation |\n|---|---|\n{rows}"
+    )
+
+
+def training_table(training, max_length, global_batch_size, steps, minutes):
+    """The settings table: the Training group's, and the run's length, batch, steps and time."""
+    rows = [
+        f"| sequence length | {max_length} tokens (longer texts cut, shorter padded) |",
+        f"| batch | {global_batch_size} examples |",
+        f"| steps | {steps:,} ({training.num_epochs} epochs) |",
+        f"| optimizer | AdamW, peak learning rate {training.learning_rate:g}, linear warmup "
+        f"over {training.warmup_ratio:g} of the steps, then linear decay to 0 |",
+        f"| seed | {training.seed} |",
+        f"| time | {minutes:.1f} minutes of fine-tuning |",
     ]
-    return "\n".join(lines)
+    return "\n".join(["| setting | value |", "|---|---|", *rows])
 
 
 def write_card_and_scores(folder, card_text, scores):

@@ -22,7 +22,7 @@ import tempfile
 import weakref
 
 from .errors import UsageError, first_line
-from .storage import is_local_path
+from .storage import is_local_path, is_remote
 
 # --- train_unigram.py -> the tokenizer folder
 # train_unigram.py writes it last: a folder holding it holds a whole tokenizer
@@ -119,7 +119,7 @@ def load_tokenizer(
     """
     hint = "pass the --output_dir of train_unigram.py or a Hub id"
     # transformers reads local folders and the Hub: copy it here first
-    if name_or_path.startswith("gs://"):
+    if is_remote(name_or_path):
         with tempfile.TemporaryDirectory() as local_copy:
             copy_folder_files(name_or_path, local_copy)
             return load_tokenizer(
