@@ -642,9 +642,9 @@ def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True)
 
 def build_model(config, strategy, mask_token_id, total_steps, settings, parent=None):
     """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
-    `total_steps` (the Optimizer settings), made in the strategy's scope and compiled for fit() as
-    the Speed settings say. The masked LM starts from random weights, or from those of `parent`
-    (continued pretraining)."""
+    `total_steps` (settings.optimizer), made in the strategy's scope and compiled for fit() as
+    settings.speed says. The masked LM starts from random weights drawn from settings.masking's
+    seed, or from those of `parent` (continued pretraining)."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 

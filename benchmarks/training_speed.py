@@ -206,9 +206,7 @@ def main(args):
         f"median of {args.rounds} rounds of {args.steps} steps\n"
     )
     median = {variant: statistics.median(times) for variant, times in seconds.items()}
-    predictions = run_mlm.max_predictions(
-        length, flags.train_mlm_probability or flags.mlm_probability
-    )
+    predictions = run_mlm.max_predictions(length, flags.masking.train_probability)
     rows = []
     for variant, step in median.items():
         head_positions = length if variant == "full" else predictions
