@@ -362,16 +362,7 @@ def main(settings, callbacks=()):
     tf_keras.utils.set_random_seed(training.seed)  # the shuffling, the new head's weights, dropout
 
     # The data: texts and labels, checked; token ids of one length; batches of one shape.
-    train, validation, label_names = labelled_data.load_labelled_splits(
-        dataset_name=data.dataset_name,
-        dataset_config=data.dataset_config,
-        train_file=data.train_file,
-        validation_file=data.validation_file,
-        text_column=data.text_column,
-        text_pair_column=data.text_pair_column,
-        label_column=data.label_column,
-        limit=data.limit,
-    )
+    train, validation, label_names = labelled_data.load_labelled_splits(data)
     global_batch_size = training.per_replica_batch_size * strategy.num_replicas_in_sync
     if len(train) < global_batch_size:
         raise UsageError(

@@ -199,7 +199,8 @@ class Optimizer:
         if self.decay_ratio is not None and self.decay_ratio > 1.0 - self.warmup_ratio:
             raise UsageError(
                 f"--decay_ratio {self.decay_ratio} must lie in (0, 1 - --warmup_ratio] with "
-                f"--warmup_ratio {self.warmup_ratio}: the decay follows the warmup (e.g. 0.25)."
+                f"--warmup_ratio {self.warmup_ratio}: "
+                "the decay follows the warmup (e.g. 0.25)."
             )
 
 
@@ -450,18 +451,13 @@ def distributed_dataset(
     (hosts.py's `plan`)."""
 
     def host_pipeline(context):
-        host = plan.pipeline_input(context, start_step)
+        host = plan.pipeline_input(context, start_step)  # its files, batch, place in the stream
         return build_dataset(
-            files=host.files,
-            batch_size=host.batch_size,
+            **dataclasses.asdict(host),  # named as build_dataset's parameters
             training=training,
             tokenizer=tokenizer,
             max_length=max_length,
             masking=masking,
-            pipeline=host.pipeline,
-            batches_per_epoch=host.batches_per_epoch,
-            start_epoch=host.start_epoch,
-            start_batch=host.start_batch,
             pieces=pieces,
         )
 

@@ -66,18 +66,11 @@ def shard_sequences(folder, flag):
 def labelled_tsv_splits(train_file, validation_file, limit=None):
     """(train, validation, label names) of a task's local files in SST-2's layout (sentence, label),
     read and checked by the package as run_classifier.py reads them."""
+    import run_classifier  # its Data group: the columns' defaults are SST-2's
     from mlm_pipeline import labelled_data
 
-    return labelled_data.load_labelled_splits(
-        dataset_name=None,
-        dataset_config=None,
-        train_file=train_file,
-        validation_file=validation_file,
-        text_column="sentence",
-        text_pair_column=None,
-        label_column="label",
-        limit=limit,
-    )
+    data = run_classifier.Data(train_file=train_file, validation_file=validation_file, limit=limit)
+    return labelled_data.load_labelled_splits(data)
 
 
 def check_paths_exist(args, *flags):

@@ -33,31 +33,25 @@ class LabelledSplit:
         return self.labels.count(label) / len(self.labels)
 
 
-def load_labelled_splits(
-    *,
-    dataset_name,
-    dataset_config,
-    train_file,
-    validation_file,
-    text_column,
-    text_pair_column,
-    label_column,
-    limit=None,
-):
-    """(train, validation, label names): the two splits of local files when `train_file` is given,
-    else the "train" and "validation" splits of the Hub dataset (never "test": GLUE hides its test
-    labels as -1). `limit`: the first rows of the training split only. The label names are the
-    dataset's own (a Hub dataset's ClassLabel: negative, positive), else LABEL_0, LABEL_1, ..."""
+def load_labelled_splits(data):
+    """(train, validation, label names) as run_classifier.py's Data group `data` says: the two
+    splits of local files when --train_file is given, else the "train" and "validation" splits of
+    the Hub dataset (never "test": GLUE hides its test labels as -1). --limit: the first rows of the
+    training split only. The label names are the dataset's own (a Hub dataset's ClassLabel:
+    negative, positive), else LABEL_0, LABEL_1, ..."""
+    text_column, text_pair_column = data.text_column, data.text_pair_column
+    label_column, limit = data.label_column, data.limit
     columns = {"--text_column": text_column, "--label_column": label_column}
     if text_pair_column:
         columns["--text_pair_column"] = text_pair_column
     names = None
-    if train_file:
-        train = read_local_file(train_file, "--train_file", columns, limit)
-        validation = read_local_file(validation_file, "--validation_file", columns)
+    if data.train_file:
+        train = read_local_file(data.train_file, "--train_file", columns, limit)
+        validation = read_local_file(data.validation_file, "--validation_file", columns)
     else:
-        train, names = read_hub_split(dataset_name, dataset_config, "train", columns, limit)
-        validation, _ = read_hub_split(dataset_name, dataset_config, "validation", columns)
+        dataset = data.dataset_name, data.dataset_config
+        train, names = read_hub_split(*dataset, "train", columns, limit)
+        validation, _ = read_hub_split(*dataset, "validation", columns)
     splits = []
     for values, source in (train, validation):
         labels = integer_labels(values[label_column], label_column, source)
