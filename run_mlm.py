@@ -897,9 +897,7 @@ def main(settings, callbacks=()):
         settings, strategy, schedule, config, named_tokenizer, manifests, save, parent
     )
     start_step = run.resume(masked_lm, trainer.optimizer)
-    if parent and eval_dataset and start_step == 0:  # where the parent stands on this text
-        baseline = trainer.evaluate(eval_dataset, steps=eval_batches, return_dict=True, verbose=0)
-        run.log_baseline(baseline)
+    run.evaluate_parent(trainer, eval_dataset, eval_batches)  # where it stands on this text
     with shard_checks.corrupt_shards_named(manifests, output.output_dir):  # which one, what to do
         logs = fit_exact_steps(  # fit() in segments of fixed shapes: fit_exact_steps says why
             trainer,

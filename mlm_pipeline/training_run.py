@@ -84,6 +84,7 @@ class TrainingRun:
             checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, recorded)
         # nobody reads the checkpoints while the chief may still be clearing them
         hosts.wait_for_every_worker(strategy)
+        self.parent = parent
         self.started = time.perf_counter()
 
     def resume(self, masked_lm, optimizer):
@@ -124,10 +125,13 @@ class TrainingRun:
             self.manager = checkpoints.scratch_manager(self.manager)
         return self.start_step
 
-    def log_baseline(self, logs):
-        """The evaluation before the first step (`logs`, as evaluate() gives them), for continued
-        pretraining: where the starting model stands on this text. Printed; on the chief, the row
-        of step 0 in training_log.csv and TensorBoard's eval scalars at step 0."""
+    def evaluate_parent(self, trainer, eval_dataset, eval_batches):
+        """Continued pretraining, started afresh with an evaluation split: the evaluation before
+        the first step, where the parent stands on this text. Printed; on the chief, the row of
+        step 0 in training_log.csv and TensorBoard's eval scalars at step 0. Nothing otherwise."""
+        if not (self.parent and eval_dataset and self.start_step == 0):
+            return
+        logs = trainer.evaluate(eval_dataset, steps=eval_batches, return_dict=True, verbose=0)
         logs = {f"val_{name}": float(value) for name, value in logs.items()}
         logs["val_perplexity"] = training_logs.perplexity(logs["val_loss"])
         print(
