@@ -40,6 +40,8 @@ def run(shards_dir, tokenizer_dir, tiny_model, tmp_path_factory):
         BATCH_SIZE,
         "--max_steps",
         MAX_STEPS,
+        "--max_length",  # optional, as in 🤗's TF example: the shards' own length
+        MAX_LENGTH,
     )
     return model, logs, output_dir
 
