@@ -164,7 +164,9 @@ class Hardware:
     tpu_zone: Optional[str] = setting("the zone of a TPU node, when not on a TPU VM")
     gcp_project: Optional[str] = setting("the GCP project of a TPU node, when not on a TPU VM")
     no_tpu: bool = setting("train on the GPUs, or the CPU when there are none", False)
-    multi_worker = False  # not flags here: hosts.build_strategy's cluster and CPU split, unused
+    # not flags of this script (class attributes, no fields): one machine, the CPU unsplit, as
+    # hosts.build_strategy reads them
+    multi_worker = False
     cpu_replicas = 1
 
 
