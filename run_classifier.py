@@ -41,6 +41,7 @@ from mlm_pipeline import (
     model_folder,
     storage,
     tf_startup,
+    tpu_runtime,
 )
 from mlm_pipeline.errors import (
     OneLineErrorParser,
@@ -173,13 +174,10 @@ def check_args(args):
 def build_strategy(args):
     """TPUStrategy unless --no_tpu; without a TPU, mirrored over the GPUs, or the default strategy
     on the CPU (hosts.py). TF's start-up log is shown only if this fails."""
-    import tensorflow as tf
-
     with tf_startup.tensorflow_startup_log_held_back():
         if args.no_tpu:
             return hosts.strategy_without_tpu()
-        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
-        return tf.distribute.TPUStrategy(resolver)
+        return tpu_runtime.tpu_strategy(args.tpu_name, args.tpu_zone, args.gcp_project)
 
 
 def encode(tokenizer, split, max_length, with_token_types):
@@ -359,6 +357,8 @@ def save_classifier(
 def main(args, callbacks=()):
     """Fine-tune, evaluate and save as the flags say; returns the validation scores. `callbacks`:
     Keras callbacks for fit() (benchmarks/classifier_speed.py times the steps with one)."""
+    # Before anything imports TensorFlow: the TPU's runtime (PJRT), or one line that says why not.
+    tpu_runtime.prepare_runtime(not args.no_tpu, args.tpu_name, args.tpu_zone, args.gcp_project)
     check_args(args)  # a bad flag or output folder is one line, before any work
     repo_id = None
     if args.hub_model_id:  # an unusable Hub stops the run now, not after training

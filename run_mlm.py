@@ -43,6 +43,7 @@ from mlm_pipeline import (
     shard_checks,
     storage,
     tf_startup,
+    tpu_runtime,
     training_logs,
     training_run,
     whole_words,
@@ -418,13 +419,10 @@ def parse_args(argv=None):
 def build_strategy(args):
     """TPUStrategy unless --no_tpu; without a TPU, mirrored over a cluster, the GPUs or split CPUs,
     or the default strategy on one CPU (hosts.py). TF's start-up log is shown only if this fails."""
-    import tensorflow as tf
-
     with tf_startup.tensorflow_startup_log_held_back():
         if args.no_tpu:
             return hosts.strategy_without_tpu(args.multi_worker, args.cpu_replicas)
-        resolver = hosts.tpu_cluster_resolver(args.tpu_name, args.tpu_zone, args.gcp_project)
-        return tf.distribute.TPUStrategy(resolver)
+        return tpu_runtime.tpu_strategy(args.tpu_name, args.tpu_zone, args.gcp_project)
 
 
 def max_predictions(max_length, mlm_probability):
@@ -935,6 +933,9 @@ def evaluation_data(strategy, plan, manifest, tokenizer, masking, max_eval_sampl
 
 def main(args, callbacks=()):
     """Pretrain as the flags say; `callbacks`: Keras callbacks for fit() besides the run's own."""
+    # Before anything imports TensorFlow: the TPU's runtime (PJRT), or one line that says why not.
+    use_tpu = not (args.no_tpu or args.multi_worker)
+    tpu_runtime.prepare_runtime(use_tpu, args.tpu_name, args.tpu_zone, args.gcp_project)
     check_args(args)  # a bad flag, path or output folder is one line, before any work
     model, masking, optimizer = (settings(group, args) for group in (Model, Masking, Optimizer))
     speed, steps, output = (settings(group, args) for group in (Speed, Steps, Output))

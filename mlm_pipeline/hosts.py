@@ -1,7 +1,8 @@
-"""The training scripts on their hardware and on several hosts: the TPU connected (or the strategy
-without one), which process writes, which shard files each host reads, and when all wait.
+"""The training scripts on their hardware and on several hosts: the strategy without a TPU
+(tpu_runtime.py starts the TPU), which process writes, which shard files each host reads, and when
+all wait.
 
-A TPU pod slice runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
+TPUStrategy runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
 runs one process per machine, each told its place by TF_CONFIG. Every host reads whole shard files
 of its own, so no two read the same sequence and none need coordinate; one process alone (the chief)
 writes the output.
@@ -60,27 +61,6 @@ def check_hardware_flags(no_tpu, multi_worker, cpu_replicas, jit_compile):
             "build (tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each "
             "step with XLA), or install requirements.txt to compile on the CPU."
         )
-
-
-def tpu_cluster_resolver(tpu_name, zone=None, project=None):
-    """The TPU named `tpu_name` ('local' on a TPU VM; a TPU node also needs its `zone` and
-    `project`), connected to and initialized, ready for `tf.distribute.TPUStrategy`. No TPU there is
-    one line that points at --no_tpu."""
-    import tensorflow as tf
-
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=tpu_name, zone=zone, project=project
-        )
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        reason = str(error).strip().split(". ")[0] or type(error).__name__
-        raise UsageError(
-            f"no TPU found for --tpu_name {tpu_name} ({reason}); pass --no_tpu to train on GPUs "
-            "or the CPU."
-        ) from None
-    return resolver
 
 
 def strategy_without_tpu(multi_worker=False, cpu_replicas=1):
