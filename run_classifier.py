@@ -149,9 +149,14 @@ def parse_args(argv=None):
         help="skip the pytorch/ copy of the classifier that transformers 5 loads",
     )
     add = parser.add_argument_group("hardware").add_argument
-    add("--tpu_name", default="local", help="the TPU's name; 'local' on a TPU VM")
-    add("--tpu_zone", help="the zone of a TPU node, when not on a TPU VM")
-    add("--gcp_project", help="the GCP project of a TPU node, when not on a TPU VM")
+    add(
+        "--tpu_name",
+        default="local",
+        help="'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, "
+        "v6e-8); any other name (a pod slice, a TPU node) is refused: not supported",
+    )
+    add("--tpu_zone", help="a TPU node's zone: refused, TPU nodes are not supported")
+    add("--gcp_project", help="a TPU node's project: refused, TPU nodes are not supported")
     add("--no_tpu", action="store_true", help="train on the GPUs, or the CPU when there are none")
     return parser.parse_args(argv)
 

@@ -6,12 +6,12 @@ Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py (or the 
 masking in tf.data; a transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at
 the masked positions only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
 
-    # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
+    # One TPU VM: v4-8, v5litepod-8, v5p-8, v6e-8 (TPUStrategy; data and output may be on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train \
         --eval_dataset gs://my-bucket/shards/validation --tokenizer tokenizer \
         --output_dir gs://my-bucket/roberta-base --per_replica_batch_size 32 --bfloat16
 
-    # GPUs (mirrored) or a laptop CPU: add --no_tpu. Pod slices and clusters: README.md.
+    # GPUs (mirrored) or a laptop CPU: add --no_tpu. GPU clusters: README.md.
     python run_mlm.py --no_tpu --train_dataset shards/train --tokenizer tokenizer \
         --output_dir model --config_overrides hidden_size=256,num_hidden_layers=4
 
@@ -394,13 +394,14 @@ def parse_args(argv=None):
         help="Seconds to wait, at most, for the final Hub push to upload.",
     )
     add = parser.add_argument_group("hardware").add_argument
-    add("--tpu_name", default="local", help="TPU name; 'local' on a TPU VM or a pod slice.")
     add(
-        "--tpu_zone",
-        help="Zone of a TPU node (the older TPUs driven from a separate VM); not needed on a TPU "
-        "VM.",
+        "--tpu_name",
+        default="local",
+        help="'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, "
+        "v6e-8). Any other name (a pod slice, a TPU node) is refused: not supported.",
     )
-    add("--gcp_project", help="GCP project of a TPU node; not needed on a TPU VM.")
+    add("--tpu_zone", help="A TPU node's zone: refused, TPU nodes are not supported.")
+    add("--gcp_project", help="A TPU node's project: refused, TPU nodes are not supported.")
     add("--no_tpu", action="store_true", help="Train on the GPUs, or the CPU when there are none.")
     add(
         "--multi_worker",

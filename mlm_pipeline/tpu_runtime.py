@@ -79,7 +79,15 @@ def prepare_runtime(use_tpu, tpu_name="local", tpu_zone=None, gcp_project=None):
         return  # set up before TensorFlow was imported, as keras-rs's CI does
     check_tpu_attached()
     library = libtpu_library()
-    check_tpu_free()
+    if (
+        os.environ.get("TPU_LOAD_LIBRARY") == "0"
+    ):  # libtpu's own switch, read by its PJRT plugin too
+        raise UsageError(
+            "TPU_LOAD_LIBRARY=0 is set, which tells libtpu not to start the TPU; unset it "
+            f"(`unset TPU_LOAD_LIBRARY`) to train on the TPU, or {NO_TPU_ADVICE}."
+        )
+    if not shares_the_tpu():
+        check_tpu_free()
     os.environ.update(pjrt_variables(os.environ, library))
     import_tensorflow(library)
 
@@ -159,6 +167,16 @@ def libtpu_library():
             f"{NO_TPU_ADVICE}."
         )
     return library
+
+
+def shares_the_tpu():
+    """Whether libtpu is told to skip its lock (TryAcquireTpuLock): forced to load, allowed to load
+    in several processes, or given a part of the host's chips."""
+    chips = os.environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS") or os.environ.get(
+        "TPU_CHIPS_PER_HOST_BOUNDS", ""
+    )
+    allowed = os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD", "").lower() in ("1", "true")
+    return os.environ.get("TPU_LOAD_LIBRARY") == "1" or allowed or chips not in ("", "2,2,1")
 
 
 def check_tpu_free():

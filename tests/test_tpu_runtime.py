@@ -167,6 +167,10 @@ def test_a_tpu_held_by_another_process_names_it(machine, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         refused_on(env, tmp_path, "run_mlm.py", f"in use by process {holder.pid}", "HOLD_THE_LOCK")
+        # told to share the TPU, libtpu skips its lock, and so does the check
+        shared = {**env, "ALLOW_MULTIPLE_LIBTPU_LOAD": "true"}
+        assert environment_at_import(shared, "run_mlm.py", "--output_dir", tmp_path / "out")
+        os.remove(env["RECORD_TENSORFLOW_IMPORT"])
     finally:
         holder.kill()
         holder.wait()
@@ -183,6 +187,13 @@ fcntl.lockf(descriptor, fcntl.LOCK_EX)
 print("held", flush=True)
 time.sleep(300)
 """
+
+
+def test_libtpus_own_off_switch_is_named(machine, tmp_path):
+    """libtpu reads TPU_LOAD_LIBRARY=0 (what the tests, and older advice, set) as "do not start"."""
+    env, _ = machine
+    env["TPU_LOAD_LIBRARY"] = "0"
+    refused_on(env, tmp_path, "run_mlm.py", "TPU_LOAD_LIBRARY=0", "unset TPU_LOAD_LIBRARY")
 
 
 @pytest.mark.parametrize(
