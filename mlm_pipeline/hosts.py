@@ -86,8 +86,8 @@ def is_chief(strategy):
 
 
 def input_pipeline_count(strategy):
-    """How many input pipelines read the data: one per host (a TPU pod slice's hosts, a cluster's
-    workers)."""
+    """How many input pipelines read the data: one per host (TPUStrategy's hosts, one on a TPU VM;
+    a cluster's workers)."""
     import tensorflow as tf
 
     if isinstance(strategy, tf.distribute.TPUStrategy):

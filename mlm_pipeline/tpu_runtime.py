@@ -96,12 +96,14 @@ def check_single_host(tpu_name, tpu_zone, gcp_project):
     """A TPU named other than 'local' (a multi-host slice, or a TPU node reached over the network),
     or one placed by zone and project, is refused: this runtime starts the TPU of the VM it runs
     on, one host, and has not followed Google's multi-host route with confidence."""
-    named = {"--tpu_name": tpu_name if tpu_name != "local" else None}
-    named.update({"--tpu_zone": tpu_zone, "--gcp_project": gcp_project})
-    given = " ".join(f"{flag} {value}" for flag, value in named.items() if value)
+    named = {"--tpu_zone": tpu_zone, "--gcp_project": gcp_project}
+    given = [f"{flag} {value}" for flag, value in named.items() if value is not None]
+    if tpu_name != "local":  # '' too: TensorFlow would look the TPU up by the VM's metadata
+        given.insert(0, f"--tpu_name {tpu_name or repr(tpu_name)}")
     if given:
         raise UsageError(
-            f"{given} asks for a TPU slice or node by name, which this pipeline does not start: "
+            f"{' '.join(given)} asks for a TPU slice or node by name, which this pipeline does "
+            "not start: "
             f"it trains on the TPU of the VM it runs on ({SINGLE_HOST_TYPES}); run it there "
             f"with --tpu_name local (the default) and no --tpu_zone or --gcp_project, or "
             f"{NO_TPU_ADVICE}."

@@ -18,7 +18,7 @@ import pytest
 from helpers import REPO, subprocess_env
 from refusals import refused
 
-from mlm_pipeline import storage, tpu_runtime
+from mlm_pipeline import storage, tf_startup, tpu_runtime
 
 # The least each script needs to reach its start-up (what follows is never reached here).
 COMMANDS = {
@@ -200,6 +200,7 @@ def test_libtpus_own_off_switch_is_named(machine, tmp_path):
     "flags, needle",
     [
         (["--tpu_name", "my-v4-32"], "--tpu_name my-v4-32"),
+        (["--tpu_name", ""], "--tpu_name ''"),
         (["--tpu_zone", "us-central2-b", "--gcp_project", "p"], "--tpu_zone us-central2-b"),
     ],
 )
@@ -224,6 +225,20 @@ def test_a_plugin_that_does_not_load_gives_tensorflows_reason(machine, tmp_path)
         "file too short",
     )
     assert "TF_CPP_MIN_LOG_LEVEL=0" in line
+
+
+def test_tensorflows_reason_comes_with_the_last_error_of_its_held_back_log():
+    """TensorFlow's error for a TPU that does not start says little; libtpu's log line says why."""
+    log_lines = [
+        "I0000 00:00:1795877719.177678   14190 port.cc:153] oneDNN custom operations are on.",
+        "E0000 00:00:1795877719.181763   14190 pjrt_api.cc:74] Failed to open /dev/vfio/0",
+        "2026-11-28 14:50:33.051744: E tensorflow/core/tpu/tpu_initializer.cc:95] No TPU found",
+        "2026-11-28 14:50:33.051907: I tensorflow/core/tpu/tpu_initializer.cc:121] Retrying",
+    ]
+    with tf_startup.stderr_held_back() as log:
+        os.write(2, ("\n".join(log_lines) + "\n").encode())
+        reason = tpu_runtime.tensorflow_reason(RuntimeError("TPU system init failed"), log)
+    assert reason == "TPU system init failed; its log: No TPU found"
 
 
 def test_the_storage_probe_starts_without_the_plugin(monkeypatch):
