@@ -193,8 +193,8 @@ def check_tpu_free():
     except PermissionError:
         raise UsageError(
             f"the TPU is held by another user's process ({LIBTPU_LOCK_FILE} is not yours to "
-            "lock); wait for it to end, or ask its owner (`sudo lsof -w /dev/accel0 /dev/vfio/*` "
-            f"names it), or {NO_TPU_ADVICE}."
+            "lock): `sudo lsof -w /dev/accel0 /dev/vfio/*` names it; wait for it to end (if none "
+            f"holds the TPU, `sudo rm {LIBTPU_LOCK_FILE}`), or {NO_TPU_ADVICE}."
         ) from None
     try:
         fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

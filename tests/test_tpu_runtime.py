@@ -96,8 +96,8 @@ def test_pjrt_variables_are_set_before_tensorflow_is_imported(machine, tmp_path,
 
 def test_a_value_the_user_set_is_kept(machine, tmp_path):
     env, _ = machine
-    env.update(TF_PLUGGABLE_DEVICE_LIBRARY_PATH="/opt/libtpu.so", TF_XLA_FLAGS="")
-    env["TF_XLA_FLAGS"] = "--tf_mlir_enable_mlir_bridge=false"
+    env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = "/opt/libtpu.so"
+    env["TF_XLA_FLAGS"] = "--tf_mlir_enable_mlir_bridge=false"  # the bridge, turned off
     seen = environment_at_import(env, "run_mlm.py", "--output_dir", tmp_path / "out")
     assert seen["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/opt/libtpu.so"
     assert seen["TF_XLA_FLAGS"] == "--tf_mlir_enable_mlir_bridge=false"
@@ -214,7 +214,6 @@ def test_a_plugin_that_does_not_load_gives_tensorflows_reason(machine, tmp_path)
     the one line, not its traceback."""
     env, library = machine
     del env["RECORD_TENSORFLOW_IMPORT"]
-    env["RECORD_TENSORFLOW_IMPORT"] = ""
     output = tmp_path / "out"
     line = refused(
         lambda *words: run_on(env, *words),
