@@ -79,9 +79,8 @@ def prepare_runtime(use_tpu, tpu_name="local", tpu_zone=None, gcp_project=None):
         return  # set up before TensorFlow was imported, as keras-rs's CI does
     check_tpu_attached()
     library = libtpu_library()
-    if (
-        os.environ.get("TPU_LOAD_LIBRARY") == "0"
-    ):  # libtpu's own switch, read by its PJRT plugin too
+    # libtpu's own off switch, which its PJRT plugin reads too (the tests and older advice set it)
+    if os.environ.get("TPU_LOAD_LIBRARY") == "0":
         raise UsageError(
             "TPU_LOAD_LIBRARY=0 is set, which tells libtpu not to start the TPU; unset it "
             f"(`unset TPU_LOAD_LIBRARY`) to train on the TPU, or {NO_TPU_ADVICE}."
