@@ -41,6 +41,7 @@ from mlm_pipeline import (
     model_folder,
     segments,
     tf_startup,
+    tpu_runtime,
     training_logs,
 )
 from mlm_pipeline.errors import (
@@ -160,9 +161,15 @@ class Training:
 class Hardware:
     """Where the steps run: a TPU, else the GPUs or the CPU (one machine, the CPU unsplit)."""
 
-    tpu_name: str = setting("the TPU's name; 'local' on a TPU VM", "local")
-    tpu_zone: Optional[str] = setting("the zone of a TPU node, when not on a TPU VM")
-    gcp_project: Optional[str] = setting("the GCP project of a TPU node, when not on a TPU VM")
+    tpu_name: str = setting(
+        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8); "
+        "any other name (a pod slice, a TPU node) is refused: not supported",
+        "local",
+    )
+    tpu_zone: Optional[str] = setting("a TPU node's zone: refused, TPU nodes are not supported")
+    gcp_project: Optional[str] = setting(
+        "a TPU node's project: refused, TPU nodes are not supported"
+    )
     no_tpu: bool = setting("train on the GPUs, or the CPU when there are none", False)
     # not flags of this script (class attributes, no fields): one machine, the CPU unsplit, as
     # hosts.build_strategy reads them
@@ -344,6 +351,7 @@ def main(settings, callbacks=()):
     """Fine-tune, evaluate and save as `settings` say (parse_args(): the command line's, its rules
     checked); returns the validation scores. `callbacks`: Keras callbacks for fit()
     (benchmarks/classifier_speed.py times the steps with one)."""
+    tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     model, data, training = settings.model, settings.data, settings.training
     inputs = {"--model_name_or_path": model.model_name_or_path}
     model_folder.check_output(training, inputs)  # a path or output folder that cannot work

@@ -6,12 +6,12 @@ Shards from prepare_tfrecord_shards.py, tokenizer from train_unigram.py (or the 
 masking in tf.data; a transformers TF masked LM (RoBERTa by default) fit with Keras, its LM head at
 the masked positions only. The saved folder loads with `pipeline("fill-mask", model=output_dir)`.
 
-    # TPU VM (TPUStrategy; data, checkpoints and output may live on GCS)
+    # One TPU VM: v4-8, v5litepod-8, v5p-8, v6e-8 (TPUStrategy; data and output may be on GCS)
     python run_mlm.py --train_dataset gs://my-bucket/shards/train \
         --eval_dataset gs://my-bucket/shards/validation --tokenizer tokenizer \
         --output_dir gs://my-bucket/roberta-base --per_replica_batch_size 32 --bfloat16
 
-    # GPUs (mirrored) or a laptop CPU: add --no_tpu. Pod slices and clusters: README.md.
+    # GPUs (mirrored) or a laptop CPU: add --no_tpu. GPU clusters: README.md.
     python run_mlm.py --no_tpu --train_dataset shards/train --tokenizer tokenizer \
         --output_dir model --config_overrides hidden_size=256,num_hidden_layers=4
 
@@ -40,6 +40,7 @@ from mlm_pipeline import (
     segments,
     shard_checks,
     tf_startup,
+    tpu_runtime,
     training_logs,
     training_run,
     whole_words,
@@ -318,11 +319,15 @@ class Output:
 class Hardware:
     """Where the steps run: a TPU, else GPUs, a cluster of machines or the CPU."""
 
-    tpu_name: str = setting("TPU name; 'local' on a TPU VM or a pod slice.", "local")
-    tpu_zone: Optional[str] = setting(
-        "Zone of a TPU node (the older TPUs driven from a separate VM); not needed on a TPU VM."
+    tpu_name: str = setting(
+        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8). "
+        "Any other name (a pod slice, a TPU node) is refused: not supported.",
+        "local",
     )
-    gcp_project: Optional[str] = setting("GCP project of a TPU node; not needed on a TPU VM.")
+    tpu_zone: Optional[str] = setting("A TPU node's zone: refused, TPU nodes are not supported.")
+    gcp_project: Optional[str] = setting(
+        "A TPU node's project: refused, TPU nodes are not supported."
+    )
     no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
     multi_worker: bool = setting("Train on the machines TF_CONFIG lists (implies --no_tpu).", False)
     cpu_replicas: int = setting(
@@ -859,6 +864,7 @@ def fit_exact_steps(
 def main(settings, callbacks=()):
     """Pretrain as `settings` say (parse_args(): the command line's, its rules checked);
     `callbacks`: Keras callbacks for fit() besides the run's own. Returns the trainer and logs."""
+    tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     data, model, masking, steps = settings.data, settings.model, settings.masking, settings.steps
     output = settings.output
     check_paths(settings)  # a path or output folder that cannot work is one line, before any work

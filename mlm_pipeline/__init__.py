@@ -39,9 +39,10 @@ against the imports.
                                 and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,
                                 the runner, the run and its errors
-    hosts                  3 4  the strategy: the TPU connected, or the strategy without one; on
-                                several hosts, who writes and which shard files each host's input
-                                pipeline reads
+    hosts                  3 4  the strategy (the TPU started by tpu_runtime); on several hosts,
+                                who writes and which shard files each host's input pipeline reads
+    tpu_runtime            3 4  the TPU VM's TPU started by PJRT, its variables set before
+                                TensorFlow loads; why it cannot start, in one line
     model_folder           3 4  a finished model's folder: the output checked before any work,
                                 refused unless replaced on request, saved with its PyTorch copy,
                                 published so that it never looks finished early

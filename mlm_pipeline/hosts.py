@@ -1,7 +1,8 @@
-"""The training scripts on their hardware and on several hosts: the TPU connected (or the strategy
-without one), which process writes, which shard files each host reads, and when all wait.
+"""The training scripts on their hardware and on several hosts: the strategy (tpu_runtime.py
+starts the TPU), which process writes, which shard files each host reads, and when
+all wait.
 
-A TPU pod slice runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
+TPUStrategy runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
 runs one process per machine, each told its place by TF_CONFIG. Every host reads whole shard files
 of its own, so no two read the same sequence and none need coordinate; one process alone (the chief)
 writes the output.
@@ -11,6 +12,7 @@ import dataclasses
 import json
 import os
 
+from . import tpu_runtime
 from .errors import UsageError
 from .tf_startup import installed_as_tpu_build, tensorflow_startup_log_held_back
 
@@ -70,35 +72,11 @@ def build_strategy(hardware):
     --no_tpu (or run_mlm.py's --multi_worker); without a TPU, mirrored over a cluster, the GPUs or
     split CPUs, or the default strategy on one CPU (strategy_without_tpu). run_classifier.py's
     group has no cluster and no CPU split: its multi_worker is False, its cpu_replicas 1. TF's
-    start-up log is shown only if this fails."""
-    import tensorflow as tf
-
+    start-up log is shown only if this fails. On a TPU, tpu_runtime.py starts it (PJRT)."""
+    if tpu_runtime.asks_for_tpu(hardware):
+        return tpu_runtime.tpu_strategy(hardware)
     with tensorflow_startup_log_held_back():
-        if hardware.no_tpu or hardware.multi_worker:
-            return strategy_without_tpu(hardware.multi_worker, hardware.cpu_replicas)
-        resolver = tpu_cluster_resolver(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
-        return tf.distribute.TPUStrategy(resolver)
-
-
-def tpu_cluster_resolver(tpu_name, zone=None, project=None):
-    """The TPU named `tpu_name` ('local' on a TPU VM; a TPU node also needs its `zone` and
-    `project`), connected to and initialized, ready for `tf.distribute.TPUStrategy`. No TPU there is
-    one line that points at --no_tpu."""
-    import tensorflow as tf
-
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-            tpu=tpu_name, zone=zone, project=project
-        )
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-        reason = str(error).strip().split(". ")[0] or type(error).__name__
-        raise UsageError(
-            f"no TPU found for --tpu_name {tpu_name} ({reason}); pass --no_tpu to train on GPUs "
-            "or the CPU."
-        ) from None
-    return resolver
+        return strategy_without_tpu(hardware.multi_worker, hardware.cpu_replicas)
 
 
 def strategy_without_tpu(multi_worker=False, cpu_replicas=1):
@@ -124,8 +102,8 @@ def is_chief(strategy):
 
 
 def input_pipeline_count(strategy):
-    """How many input pipelines read the data: one per host (a TPU pod slice's hosts, a cluster's
-    workers)."""
+    """How many input pipelines read the data: one per host (TPUStrategy's hosts, one on a TPU VM;
+    a cluster's workers)."""
     import tensorflow as tf
 
     if isinstance(strategy, tf.distribute.TPUStrategy):

@@ -169,6 +169,13 @@ GCS_PROBE_ENV = {
     "CUDA_VISIBLE_DEVICES": "",
     "TF_CPP_MIN_LOG_LEVEL": "3",
 }
+# Nor libtpu's PJRT plugin, which TensorFlow loads at import when these are set (tpu_runtime.py sets
+# them for a run on the TPU, before this probe starts): the child is started without them.
+GCS_PROBE_UNSET = (
+    "PJRT_DEVICE",
+    "NEXT_PLUGGABLE_DEVICE_USE_C_API",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+)
 
 
 def check_gcs_paths(paths, writable=()):
@@ -193,10 +200,11 @@ def check_gcs_paths(paths, writable=()):
     modes = [("w:" if flags[path] in writable else "r:") + path for path in flags]
     command = [sys.executable, "-m", gcs_probe.__name__, WRITE_PROBE_PREFIX, *modes]
     python_path = os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+    environment = {name: value for name, value in os.environ.items() if name not in GCS_PROBE_UNSET}
     try:
         probe = subprocess.run(
             command,
-            env={**os.environ, **GCS_PROBE_ENV, "PYTHONPATH": python_path},
+            env={**environment, **GCS_PROBE_ENV, "PYTHONPATH": python_path},
             capture_output=True,
             text=True,
             timeout=GCS_PROBE_SECONDS,

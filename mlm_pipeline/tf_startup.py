@@ -11,6 +11,7 @@ always. `stderr_held_back()` is that holder for any block.
 import functools
 import logging
 import os
+import re
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -48,25 +49,27 @@ if installed_as_tpu_build():
 @contextmanager
 def tensorflow_startup_log_held_back():
     """Hold TensorFlow's start-up log back for the block; show it if the block fails (not for a
-    UsageError, which is the user's mistake and reported alone)."""
-    with stderr_held_back(active=os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0"):
-        yield
+    UsageError, which is the user's mistake and reported alone). The block gets a HeldLog."""
+    with stderr_held_back(active=os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0") as log:
+        yield log
 
 
 @contextmanager
 def stderr_held_back(active=True):
     """Send file descriptor 2 (what C++ libraries and child processes print to) to a temporary file
     for the block, and replay it if the block fails for a reason other than a UsageError. Beam's
-    launcher holds back its local worker processes' tracebacks this way too (beam_launcher)."""
+    launcher holds back its local worker processes' tracebacks this way too (beam_launcher). The
+    block gets a HeldLog, to read what was held so far (tpu_runtime puts TensorFlow's reason for a
+    TPU that does not start in its one line)."""
     if not active:
-        yield
+        yield HeldLog(None)
         return
     sys.stderr.flush()
     stderr_copy = os.dup(2)
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
-            yield
+            yield HeldLog(held)
         except UsageError:
             raise
         except BaseException:
@@ -78,6 +81,32 @@ def stderr_held_back(active=True):
             sys.stderr.flush()
             os.dup2(stderr_copy, 2)
             os.close(stderr_copy)
+
+
+# A line of TensorFlow's C++ log at level ERROR or FATAL: "E1128 14:50:33.051744   123 file.cc:95]
+# message" (absl's format) or "2026-11-28 14:50:33.051744: E tensorflow/.../file.cc:95] message".
+LOGGED_ERROR = re.compile(r"^(?:[EF]\d{4} \S+\s+\d+|\S+ \S+: [EF]) [^\]\s]+\] (.+)$")
+
+
+class HeldLog:
+    """What a stderr_held_back() block has held back so far (nothing when it holds nothing)."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def text(self):
+        if self.file is None:
+            return ""
+        sys.stderr.flush()
+        return os.pread(self.file.fileno(), os.fstat(self.file.fileno()).st_size, 0).decode(
+            errors="replace"
+        )
+
+    def last_error_line(self):
+        """The message of the last ERROR or FATAL line of TensorFlow's C++ log held back, if any."""
+        found = [LOGGED_ERROR.match(line.strip()) for line in self.text().splitlines()]
+        messages = [match.group(1).strip() for match in found if match]
+        return messages[-1] if messages else None
 
 
 def hide_transformers_tf_deprecation():

@@ -1,7 +1,8 @@
 """Bad input, run as the user would: a script in a subprocess, with arguments, or in this process
 through its command line's entry (script_in_process) where a subprocess would add only a start-up.
-The machinery the bad-input tests of test_train_unigram.py, test_prepare_shards.py, test_run_mlm.py
-and test_corpus_formats.py share.
+The machinery the bad-input tests of test_train_unigram.py, test_prepare_shards.py, test_run_mlm.py,
+test_corpus_formats.py and test_tpu_runtime.py (a TPU that cannot start, on machines made of files)
+share.
 
 Every case checks the same four promises (see `refused`): a non-zero exit; one line on stderr,
 starting `<script>.py: error:` and naming the bad value; no traceback; and the output folder as it

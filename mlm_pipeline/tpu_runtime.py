@@ -1,0 +1,300 @@
+"""The TPU runtime: TensorFlow's TPU build started on a TPU VM by the route Google documents for
+TPU v4, v5e, v5p and v6e (PJRT), or one line that says why it cannot start, before TensorFlow is
+imported and before anything is written.
+
+TensorFlow drives a current TPU through libtpu's PJRT plugin, which it loads while it is imported
+(tensorflow/__init__.py reads TF_PLUGGABLE_DEVICE_LIBRARY_PATH), so the variables that ask for it
+must be set before the first `import tensorflow`. Both scripts therefore call `prepare_runtime()`
+first thing in main(), and `tpu_strategy()` when they build their strategy on a TPU. The variables
+and their values follow the public record that requirements-tpu.txt follows: keras-team/keras-rs
+sets them to run its TensorFlow tests on a v6e (.github/workflows/actions.yml), and keras-io's
+examples/keras_rs/distributed_embedding_tf.py (v5p, v6e) sets them before importing TensorFlow.
+
+What would otherwise cost minutes of silence, or a page of TensorFlow's log, is checked first, in a
+fraction of a second, from files Linux keeps: whether a TPU is attached at all (its PCI devices, as
+JAX's jax/_src/hardware_utils.py finds them), whether it is one TensorFlow can drive (not TPU7x:
+Google's TPU7x page says TensorFlow is not supported there), whether libtpu is installed, and
+whether another process holds the TPU (libtpu's lock file). Only one host's TPU is started: a
+multi-host slice, or a TPU node reached by name, is refused (README.md, "Install", says what runs).
+None of this has run on a TPU: no TPU was at hand.
+"""
+
+import fcntl
+import importlib.util
+import os
+import sys
+
+from .errors import UsageError, tf_error_text
+from .tf_startup import tensorflow_startup_log_held_back
+
+# Where Linux lists PCI devices, each a folder with `vendor` and `device` files (a test points this
+# at a folder of its own).
+PCI_DEVICES = "/sys/bus/pci/devices"
+# Google's PCI vendor id and its TPU chips' device ids, as JAX's hardware_utils.py lists them.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_CHIPS = {"0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e"}
+# TPU chips this runtime does not start: TPU7x, where Google supports JAX and PyTorch but not
+# TensorFlow, and v3, older than the generations this pipeline is set up for.
+OTHER_TPU_CHIPS = {"0x0076": "TPU7x (Ironwood)", "0x0027": "TPU v3"}
+# The file libtpu locks for as long as a process holds the TPU (TryAcquireTpuLock in
+# openxla/xla's xla/stream_executor/tpu/tpu_initialize_util.cc); a test points this elsewhere.
+LIBTPU_LOCK_FILE = "/tmp/libtpu_lockfile"
+# The TPU VMs this pipeline starts TensorFlow on, as gcloud names their accelerator types.
+SINGLE_HOST_TYPES = "v4-8, v5litepod-8, v5p-8 or v6e-8"
+# The variables that make TensorFlow load libtpu's PJRT plugin, as keras-rs's CI sets them; a
+# process that must not touch the TPU (storage.py's Cloud Storage probe) is started without them.
+PLUGIN_VARIABLES = (
+    "PJRT_DEVICE",
+    "NEXT_PLUGGABLE_DEVICE_USE_C_API",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+)
+# TensorFlow's MLIR bridge, which keras-rs and keras-io turn on for TPUs under PJRT.
+MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
+NO_TPU_ADVICE = "pass --no_tpu to train on the GPUs or the CPU"
+FULL_LOG_ADVICE = "TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's whole log"
+
+
+def asks_for_tpu(hardware):
+    """Whether a script's Hardware group asks for the TPU: not under --no_tpu, nor under
+    run_mlm.py's --multi_worker (a GPU cluster)."""
+    return not (hardware.no_tpu or hardware.multi_worker)
+
+
+def prepare_runtime(hardware):
+    """Get this process ready for TensorFlow, before anything imports it.
+
+    When the Hardware group asks for the TPU: refuse in one line what cannot start (a slice or
+    node by name, no TPU, a TPU TensorFlow cannot drive, no libtpu, a TPU held by another
+    process), set PJRT's variables (a value the user set is kept), then import TensorFlow, which
+    loads libtpu's plugin.
+
+    Without: TensorFlow's TPU build is kept off the TPU (TPU_LOAD_LIBRARY=0, unless set). At import
+    it would otherwise load libtpu by its older route, which takes the TPU away from other
+    processes on a TPU VM and, anywhere else, asks the TPU metadata server for minutes first.
+    """
+    if not asks_for_tpu(hardware):
+        os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
+        return
+    check_single_host(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
+    if "tensorflow" in sys.modules:
+        if not os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+            raise UsageError(
+                "TensorFlow was imported before the TPU runtime was set up, so it cannot load "
+                "libtpu's PJRT plugin: call mlm_pipeline.tpu_runtime.prepare_runtime() before "
+                "importing TensorFlow, or run the script in a fresh process."
+            )
+        return  # set up before TensorFlow was imported, as keras-rs's CI does
+    check_tpu_attached()
+    library = libtpu_library()
+    # libtpu's own off switch, which its PJRT plugin reads too (the tests and older advice set it)
+    if os.environ.get("TPU_LOAD_LIBRARY") == "0":
+        raise UsageError(
+            "TPU_LOAD_LIBRARY=0 is set, which tells libtpu not to start the TPU; unset it "
+            f"(`unset TPU_LOAD_LIBRARY`) to train on the TPU, or {NO_TPU_ADVICE}."
+        )
+    if not shares_the_tpu():
+        check_tpu_free()
+    os.environ.update(pjrt_variables(os.environ, library))
+    import_tensorflow(library)
+
+
+def check_single_host(tpu_name, tpu_zone, gcp_project):
+    """A TPU named other than 'local' (a multi-host slice, or a TPU node reached over the network),
+    or one placed by zone and project, is refused: this runtime starts the TPU of the VM it runs
+    on, one host, and has not followed Google's multi-host route with confidence."""
+    named = {"--tpu_zone": tpu_zone, "--gcp_project": gcp_project}
+    given = [f"{flag} {value}" for flag, value in named.items() if value is not None]
+    if tpu_name != "local":  # '' too: TensorFlow would look the TPU up by the VM's metadata
+        given.insert(0, f"--tpu_name {tpu_name or repr(tpu_name)}")
+    if given:
+        raise UsageError(
+            f"{' '.join(given)} asks for a TPU slice or node by name, which this pipeline does "
+            "not start: "
+            f"it trains on the TPU of the VM it runs on ({SINGLE_HOST_TYPES}); run it there "
+            f"with --tpu_name local (the default) and no --tpu_zone or --gcp_project, or "
+            f"{NO_TPU_ADVICE}."
+        )
+
+
+def attached_tpu_chips():
+    """{PCI device id: number of chips} of the TPU chips attached to this machine."""
+    chips = {}
+    try:
+        devices = sorted(os.listdir(PCI_DEVICES))
+    except OSError:
+        return chips
+    for device in devices:
+        vendor, device_id = (read_word(PCI_DEVICES, device, name) for name in ("vendor", "device"))
+        if vendor == GOOGLE_PCI_VENDOR and device_id in {**TPU_CHIPS, **OTHER_TPU_CHIPS}:
+            chips[device_id] = chips.get(device_id, 0) + 1
+    return chips
+
+
+def read_word(*path):
+    try:
+        with open(os.path.join(*path), encoding="ascii") as file:
+            return file.read().strip().lower()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_tpu_attached():
+    """One line, within a fraction of a second, when there is no TPU here that TensorFlow can
+    drive: without this check, libtpu asks the TPU metadata server for minutes before failing."""
+    chips = attached_tpu_chips()
+    if any(device_id in TPU_CHIPS for device_id in chips):
+        return
+    for device_id in chips:
+        why = (
+            "TensorFlow does not run there (Google's TPU7x page: JAX and PyTorch only)"
+            if device_id == "0x0076"
+            else "this pipeline starts v4, v5e, v5p and v6e only"
+        )
+        raise UsageError(
+            f"this machine's TPU chips are {OTHER_TPU_CHIPS[device_id]}: {why}; use a "
+            f"{SINGLE_HOST_TYPES} TPU VM, or {NO_TPU_ADVICE}."
+        )
+    raise UsageError(
+        f"no TPU is attached to this machine (no TPU chip among its PCI devices, {PCI_DEVICES}); "
+        f"{NO_TPU_ADVICE}."
+    )
+
+
+def libtpu_library():
+    """The path of libtpu.so in the installed `libtpu` package, found without importing it (its
+    import sets TPU_LIBRARY_PATH) nor TensorFlow; a missing one is refused in one line."""
+    spec = importlib.util.find_spec("libtpu")
+    folders = (spec.submodule_search_locations or []) if spec else []
+    libraries = [os.path.join(folder, "libtpu.so") for folder in folders]
+    library = next((path for path in libraries if os.path.isfile(path)), None)
+    if library is None:
+        raise UsageError(
+            "libtpu is not installed in this Python environment, so TensorFlow cannot drive the "
+            "TPU (requirements.txt installs TensorFlow's CPU build): install the TPU set into a "
+            "fresh virtualenv, `pip install --no-deps -r requirements-tpu.txt`, or "
+            f"{NO_TPU_ADVICE}."
+        )
+    return library
+
+
+def shares_the_tpu():
+    """Whether libtpu is told to skip its lock (TryAcquireTpuLock): forced to load, allowed to load
+    in several processes, or given a part of the host's chips."""
+    chips = os.environ.get("TPU_CHIPS_PER_PROCESS_BOUNDS") or os.environ.get(
+        "TPU_CHIPS_PER_HOST_BOUNDS", ""
+    )
+    allowed = os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD", "").lower() in ("1", "true")
+    return os.environ.get("TPU_LOAD_LIBRARY") == "1" or allowed or chips not in ("", "2,2,1")
+
+
+def check_tpu_free():
+    """One line when another process holds the TPU: libtpu locks LIBTPU_LOCK_FILE for as long as
+    its process lives, and a second process cannot start the TPU. The lock is tried, not taken: a
+    process's locks on a file go when it closes any descriptor of it, so this runs only before
+    TensorFlow (whose libtpu takes the lock) is loaded."""
+    try:
+        descriptor = os.open(LIBTPU_LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        raise UsageError(
+            f"the TPU is held by another user's process ({LIBTPU_LOCK_FILE} is not yours to "
+            "lock): `sudo lsof -w /dev/accel0 /dev/vfio/*` names it; wait for it to end (if none "
+            f"holds the TPU, `sudo rm {LIBTPU_LOCK_FILE}`), or {NO_TPU_ADVICE}."
+        ) from None
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = lock_holder(descriptor)
+        raise UsageError(
+            f"the TPU is in use by {holder}, which holds libtpu's lock {LIBTPU_LOCK_FILE}; wait "
+            f"for it to end or stop it, then run this again, or {NO_TPU_ADVICE}."
+        ) from None
+    finally:
+        os.close(descriptor)
+
+
+def lock_holder(descriptor):
+    """'process PID (its command line)' of the process holding the lock on the open file, from
+    /proc/locks; 'another process' when Linux does not say."""
+    status = os.fstat(descriptor)
+    file_id = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii") as locks:
+            rows = [line.split() for line in locks]
+    except OSError:
+        rows = []
+    pids = [row[4] for row in rows if len(row) > 5 and row[1] == "POSIX" and row[5] == file_id]
+    if not pids:
+        return "another process"
+    try:
+        with open(f"/proc/{pids[0]}/cmdline", "rb") as file:
+            command = " ".join(file.read().decode(errors="replace").replace("\0", " ").split())
+    except OSError:
+        command = ""
+    return f"process {pids[0]} ({command[:120]})" if command else f"process {pids[0]}"
+
+
+def pjrt_variables(environ, library):
+    """The variables that make TensorFlow drive the TPU through libtpu's PJRT plugin, as keras-rs's
+    CI and keras-io's example set them; a value the user set is kept, and the MLIR bridge is added
+    to their TF_XLA_FLAGS unless they set it either way."""
+    wanted = {
+        "PJRT_DEVICE": "TPU",
+        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": library,
+    }
+    variables = {name: environ.get(name) or value for name, value in wanted.items()}
+    flags = environ.get("TF_XLA_FLAGS", "")
+    if "--tf_mlir_enable_mlir_bridge" not in flags:
+        flags = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
+    variables["TF_XLA_FLAGS"] = flags
+    return variables
+
+
+def import_tensorflow(library):
+    """Import TensorFlow, which loads the plugin now: a plugin that does not load is one line with
+    TensorFlow's own reason, instead of a traceback from wherever TensorFlow is first imported."""
+    with tensorflow_startup_log_held_back() as log:
+        try:
+            import tensorflow  # noqa: F401
+        except Exception as error:
+            if not type(error).__module__.startswith("tensorflow"):
+                raise  # not the plugin: a broken install, shown with TensorFlow's log
+            raise UsageError(
+                f"TensorFlow could not load libtpu's PJRT plugin {library} "
+                f"({tensorflow_reason(error, log)}); reinstall requirements-tpu.txt into a fresh "
+                f"virtualenv ({FULL_LOG_ADVICE}), or {NO_TPU_ADVICE}."
+            ) from None
+
+
+def tpu_strategy(hardware):
+    """A TPUStrategy over the TPU VM's chips, by the route of TensorFlow's guide "Use TPUs" and
+    Google's Cloud TPU TensorFlow pages: the resolver ('local': the TPU attached to this VM),
+    connected to (nothing to do for 'local'), the TPU system initialized, the strategy. A TPU that
+    does not start is one line with TensorFlow's own reason, from its held-back log if its error
+    says too little."""
+    prepare_runtime(hardware)  # done already by the scripts' main()
+    import tensorflow as tf
+
+    with tensorflow_startup_log_held_back() as log:
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=hardware.tpu_name)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return tf.distribute.TPUStrategy(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            raise UsageError(
+                f"the TPU did not start ({tensorflow_reason(error, log)}); {FULL_LOG_ADVICE}, or "
+                f"{NO_TPU_ADVICE}."
+            ) from None
+
+
+def tensorflow_reason(error, log):
+    """TensorFlow's reason on one line: its error's first line, and the last error line of its
+    held-back log (where libtpu and PJRT say what went wrong) when that adds something."""
+    reason = tf_error_text(error)
+    logged = log.last_error_line()
+    if logged and logged not in reason:
+        reason = f"{reason}; its log: {logged}"
+    return reason[:400]
