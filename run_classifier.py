@@ -125,6 +125,12 @@ def parse_args(argv=None):
         help="examples each replica takes a step",
     )
     add("--num_epochs", type=positive_int, default=2, help="passes over the training examples")
+    add(
+        "--preflight",
+        action="store_true",
+        help="before a long run: build everything, time a few steps after the compile, and print "
+        "the hardware, seconds a step, peak memory and the run's projected time; write nothing",
+    )
     add("--learning_rate", type=positive_float, default=3e-4, help="the peak learning rate")
     add(
         "--warmup_ratio",
@@ -165,7 +171,8 @@ def check_args(args):
         )
     hub.check_hub_flags(args.hub_model_id, args.hub_private, example="my-user/roberta-sst2")
     paths = {"--model_name_or_path": args.model_name_or_path, "--output_dir": args.output_dir}
-    storage.check_gcs_paths(paths, writable=["--output_dir"])
+    # the write check writes (and deletes) an object: not under --preflight, which writes nothing
+    storage.check_gcs_paths(paths, writable=[] if args.preflight else ["--output_dir"])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
         model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
@@ -361,7 +368,7 @@ def main(args, callbacks=()):
     Keras callbacks for fit() (benchmarks/classifier_speed.py times the steps with one)."""
     check_args(args)  # a bad flag or output folder is one line, before any work
     repo_id = None
-    if args.hub_model_id:  # an unusable Hub stops the run now, not after training
+    if args.hub_model_id and not args.preflight:  # an unusable Hub stops the run now
         repo_id = hub.open_repository(args.hub_model_id, args.hub_private, "--hub_model_id")
     strategy = build_strategy(args)
     import tensorflow as tf
@@ -438,6 +445,17 @@ def main(args, callbacks=()):
         f"of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
         f"{lengths_in_words(bucket_lengths or [max_length])} tokens."
     )
+
+    if args.preflight:  # a few steps timed, the run projected: nothing written, no Hub
+        from mlm_pipeline import preflight  # only for --preflight
+
+        return preflight.preflight_classifier(
+            classifier,
+            strategy,
+            (train_dataset, total_steps, global_batch_size),
+            (eval_dataset, -(-len(validation) // global_batch_size), args.num_epochs),
+            (args.per_replica_batch_size, max_length, bucket_lengths is None),
+        )
 
     # Fit, scored on the validation split after every epoch; then the final scores.
     started = time.perf_counter()

@@ -132,7 +132,8 @@ class Speed:
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-    """How long to train, and when to evaluate, checkpoint and log."""
+    """How long to train, and when to evaluate, checkpoint and log; or measure a few steps and
+    project the run (--preflight)."""
 
     num_epochs: int
     max_steps: Optional[int]
@@ -141,6 +142,7 @@ class Steps:
     save_steps: int
     save_total_limit: int
     logging_steps: int
+    preflight: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +369,12 @@ def parse_args(argv=None):
         type=positive_int,
         default=50,
         help="Write the training scalars to TensorBoard every this many steps.",
+    )
+    add(
+        "--preflight",
+        action="store_true",
+        help="Before a long run: build everything, time a few steps after the compile, and print "
+        "the hardware, seconds a step, peak memory and the run's projected time; write nothing.",
     )
     add = parser.add_argument_group("output", Output.__doc__).add_argument
     add(
@@ -871,7 +879,8 @@ def check_args(args):
         "--eval_dataset": args.eval_dataset,
         "--model_name_or_path": args.model_name_or_path,
     }
-    storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=["--output_dir"])
+    writable = [] if args.preflight else ["--output_dir"]  # the write check writes: not then
+    storage.check_gcs_paths({**paths, "--output_dir": args.output_dir}, writable=writable)
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
         model_folder.check_output_dir(args.output_dir, args.overwrite_output_dir)
 
@@ -973,6 +982,20 @@ def main(args, callbacks=()):
     masked_lm, trainer = build_model(
         config, strategy, tokenizer.mask_token_id, total_steps, optimizer, speed, parent
     )
+    if steps.preflight:  # a few steps timed, the run projected: nothing written, no Hub
+        from mlm_pipeline import preflight  # only for --preflight
+
+        cadence = steps.eval_steps or train_plan.steps_per_epoch  # and the parent's before step 1
+        evaluations = segments.evaluation_count(total_steps, cadence, short_steps) + bool(parent)
+        return preflight.preflight_masked_lm(
+            trainer,
+            strategy,
+            train_dataset_from,
+            (short_steps, total_steps),
+            (eval_dataset, eval_batches, evaluations),
+            (train_plan, max_length),
+            (masking, speed),
+        )
     save = functools.partial(save_model, tokenizer=tokenizer, pytorch_export=pytorch_export)
     run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
         strategy,
