@@ -105,10 +105,6 @@ class Report:
         return self.sequences_per_step * self.tokens_per_sequence / self.seconds_per_step
 
     @property
-    def compile_seconds(self):
-        return sum(timing.first for _, timing in self.phases)
-
-    @property
     def projected_seconds(self):
         """The whole run: every phase's steps at its median, its first step's extra once, and
         every evaluation's batches at theirs, plus the evaluation's first compile."""
@@ -165,7 +161,7 @@ class Report:
 
 @dataclasses.dataclass
 class Memory:
-    """The peak bytes of a replica (`peak`, what it counts: `peak_of`) against what it has
+    """The peak bytes of a replica (`peak`; what they count: `peak_of`) against what it has
     (`capacity`, None when unknown; where that comes from: `capacity_of`)."""
 
     peak: int
@@ -177,9 +173,9 @@ class Memory:
         return not self.capacity or self.peak <= self.capacity
 
     def line(self):
-        """'1.20 GiB a replica (the process's peak resident memory) of 23.5 GiB (the machine's
+        """'0.91 GiB (the process's peak resident memory) of 23.5 GiB (the machine's
         RAM): 5%'."""
-        peak = f"{self.peak / 2**30:.2f} GiB a replica ({self.peak_of})"
+        peak = f"{self.peak / 2**30:.2f} GiB ({self.peak_of})"
         if not self.capacity:
             return f"{peak}; {self.capacity_of}"
         share = self.peak / self.capacity
@@ -402,7 +398,10 @@ def peak_memory(strategy, hardware):
     if hardware["device"] == "CPU":
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-        return Memory(peak, machine_memory(), "the process's peak resident memory", "the RAM")
+        peak_of = "the process's peak resident memory"
+        if strategy.num_replicas_in_sync > 1:
+            peak_of += f", its {strategy.num_replicas_in_sync} replicas together"
+        return Memory(peak, machine_memory(), peak_of, "the machine's RAM")
     infos = []
     for device in strategy.extended.worker_devices:
         try:
@@ -411,12 +410,13 @@ def peak_memory(strategy, hardware):
             continue
     peak = max((info["peak"] for info in infos), default=0)
     limit = max((info.get("limit", 0) for info in infos), default=0)
+    peak_of = "the largest replica's peak, get_memory_info"
     if limit:
-        return Memory(peak, limit, "get_memory_info", "get_memory_info's limit")
+        return Memory(peak, limit, peak_of, "get_memory_info's limit")
     generation = hardware["device_kind"].removeprefix("TPU ")
     if hardware["device"] == "TPU" and generation in TPU_MEMORY_BYTES:
-        return Memory(peak, TPU_MEMORY_BYTES[generation], "get_memory_info", f"a {generation} chip")
-    return Memory(peak, None, "get_memory_info", "the device's memory is unknown")
+        return Memory(peak, TPU_MEMORY_BYTES[generation], peak_of, f"a {generation} chip's")
+    return Memory(peak, None, peak_of, "the device's memory is unknown")
 
 
 def preflight_masked_lm(trainer, strategy, train_dataset_from, steps, evaluation, shape, settings):
