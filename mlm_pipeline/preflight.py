@@ -450,3 +450,22 @@ def preflight_masked_lm(trainer, strategy, train_dataset_from, steps, evaluation
         steps_per_execution=speed.steps_per_execution,
         advice=advice,
     )
+
+
+def preflight_classifier(classifier, strategy, training, evaluation, shape):
+    """run_classifier.py's preflight. `training`: (its batches, all its steps, the examples a
+    step); `evaluation`: (the validation batches, how many, the epochs: it scores them after each,
+    and once more for the final scores); `shape`: (--per_replica_batch_size, --max_length, whether
+    every batch is padded to it)."""
+    train_dataset, total_steps, examples_per_step = training
+    eval_dataset, eval_batches, epochs = evaluation
+    per_replica_batch_size, max_length, one_length = shape
+    return preflight(
+        classifier,
+        strategy,
+        [Phase("fine-tuning", train_dataset, total_steps)],
+        evaluation=Evaluation(eval_dataset, eval_batches, epochs + 1),
+        sequences_per_step=examples_per_step,
+        tokens_per_sequence=max_length if one_length else None,
+        advice=lower_the_batch(per_replica_batch_size, max_length, "--max_length"),
+    )
