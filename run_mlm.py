@@ -985,7 +985,8 @@ def main(args, callbacks=()):
     if steps.preflight:  # a few steps timed, the run projected: nothing written, no Hub
         from mlm_pipeline import preflight  # only for --preflight
 
-        cadence = steps.eval_steps or train_plan.steps_per_epoch  # and the parent's before step 1
+        # an evaluation at every fit() epoch end, and the parent's before the first step
+        cadence = steps.eval_steps or train_plan.steps_per_epoch
         evaluations = segments.evaluation_count(total_steps, cadence, short_steps) + bool(parent)
         return preflight.preflight_masked_lm(
             trainer,

@@ -5,6 +5,7 @@ for the gs:// case, which needs the emulator's environment in a process of its o
 import statistics
 
 import pytest
+from fake_hub import FakeHub, connect_this_process, disconnect_this_process
 from gcs_emulator import GcsEmulator
 from helpers import run_command, subprocess_env, tiny_run_flags
 from refusals import script_in_process
@@ -14,6 +15,7 @@ import run_mlm
 from mlm_pipeline import preflight
 
 BATCH_SIZE = 8
+TOKEN = "hf_fakeHubTokenForTheseTestsOnly"
 REAL_STEPS = 80  # enough timed steps that a median is not noise
 
 
@@ -90,8 +92,17 @@ def test_preflight_step_is_within_2x_of_the_real_runs(preflight_and_real_run):
     assert 0.5 < ratio < 2, ratio
 
 
+@pytest.fixture
+def hub(monkeypatch):
+    """A stand-in Hub this process talks to, online, until the test ends."""
+    with FakeHub(TOKEN) as hub:
+        connect_this_process(monkeypatch, hub)
+        yield hub
+    disconnect_this_process()
+
+
 def test_preflight_counts_the_evaluations_and_the_warmups_phase(
-    shards_dir, tokenizer_dir, tmp_path, capsys
+    shards_dir, tokenizer_dir, tmp_path, capsys, hub
 ):
     argv = run_flags(
         shards_dir,
@@ -102,9 +113,10 @@ def test_preflight_counts_the_evaluations_and_the_warmups_phase(
         eval_steps=10,
         short_sequence_length=8,
         short_sequence_ratio=0.5,
+        hub_model_id="user/model",
     )
     report = run_mlm.main(run_mlm.parse_args(argv))
-    assert not (tmp_path / "model").exists()
+    assert not (tmp_path / "model").exists() and hub.requests == []
     assert [(phase.name, phase.steps) for phase, _ in report.phases] == [
         ("the warmup's 8-token pieces", 15),
         ("full length", 15),
@@ -150,14 +162,15 @@ def test_a_peak_above_the_memory_is_one_line(shards_dir, tokenizer_dir, tmp_path
     assert not (tmp_path / "model").exists()
 
 
-def test_classifier_preflight_writes_nothing(preflight_and_real_run, labelled, tmp_path):
+def test_classifier_preflight_writes_nothing(preflight_and_real_run, labelled, tmp_path, hub):
     _, _, pretrained, _ = preflight_and_real_run
     output_dir = tmp_path / "classifier"
     argv = ["--no_tpu", "--model_name_or_path", pretrained, "--output_dir", output_dir]
+    argv += ["--hub_model_id", "user/classifier"]
     argv += ["--train_file", labelled["train"], "--validation_file", labelled["validation"]]
     argv += ["--per_replica_batch_size", 8, "--num_epochs", 3, "--pad_to_max_length"]
     report = run_classifier.main(run_classifier.parse_args([*map(str, argv), "--preflight"]))
-    assert not output_dir.exists()
+    assert not output_dir.exists() and hub.requests == []  # no repository opened
     ((phase, timing),) = report.phases
     assert phase.steps == 3 * (800 // 8) and timing.median > 0
     # after each epoch, and the final scores: 100 examples in batches of 8
