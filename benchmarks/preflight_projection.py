@@ -11,7 +11,9 @@ checks, the model's build, every step, evaluation, checkpoint and log, the save)
 Python and TensorFlow, common to both, is left out. A Keras callback also times the real run's
 steps as the preflight times its own (the time between the ends of two of fit()'s executions), so
 a second table shows the median step of each phase (the sequence-length warmup's, the full
-length's) in both. The output folder must not hold a
+length's) in both, and the real run's mean step: the projection counts every step at the median, so
+a machine whose share of its host varies (stalls lift the mean, not the median) runs longer than
+projected. The output folder must not hold a
 finished model (the real run would refuse it).
 """
 
@@ -59,10 +61,13 @@ def training_clock(steps_per_execution):
     return TrainingClock()
 
 
-def median_step(clock, first, end):
-    """The median of the real run's steps `first` .. `end` - 1."""
+def step_seconds(clock, first, end):
+    """The median and the mean of the real run's steps `first` .. `end` - 1 (None, None without
+    any): on a shared machine the stalls lift the mean far above the median."""
     seconds = [value for step, value in clock.seconds if first <= step < end]
-    return statistics.median(seconds) if seconds else None
+    if not seconds:
+        return None, None
+    return statistics.median(seconds), statistics.mean(seconds)
 
 
 def main(args):
@@ -81,9 +86,11 @@ def main(args):
     first_step = 0
     rows = []
     for phase, timing in report.phases:
-        real = median_step(clock, first_step, first_step + phase.steps)
+        median, mean = step_seconds(clock, first_step, first_step + phase.steps)
         first_step += phase.steps
-        rows.append([phase.name, f"{phase.steps:,}", f"{timing.median:.4f}", seconds(real)])
+        rows.append(
+            [phase.name, f"{phase.steps:,}", f"{timing.median:.4f}", seconds(median), seconds(mean)]
+        )
     print()
     steps = sum(phase.steps for phase, _ in report.phases)
     header = ["", "steps", "preflight minutes", "projected minutes", "real minutes"]
@@ -95,7 +102,7 @@ def main(args):
         )
     )
     print()
-    header = ["phase", "steps", "preflight: s a step", "real run: s a step"]
+    header = ["phase", "steps", "preflight: median s a step", "real run: median", "real: mean"]
     print(markdown_table(header, rows))
 
 
