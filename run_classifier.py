@@ -132,6 +132,11 @@ class Training:
         "examples each replica takes a step", 32, type=positive_int
     )
     num_epochs: int = setting("passes over the training examples", 2, type=positive_int)
+    preflight: bool = setting(
+        "before a long run: build everything, time a few steps after the compile, and print the "
+        "hardware, seconds a step, peak memory and the run's projected time; write nothing",
+        False,
+    )
     learning_rate: float = setting("the peak learning rate", 3e-4, type=positive_float)
     warmup_ratio: float = setting(
         "the share of the steps over which the learning rate rises to its peak (it then falls "
@@ -354,9 +359,9 @@ def main(settings, callbacks=()):
     tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     model, data, training = settings.model, settings.data, settings.training
     inputs = {"--model_name_or_path": model.model_name_or_path}
-    model_folder.check_output(training, inputs)  # a path or output folder that cannot work
+    model_folder.check_output(training, inputs, write_probe=not training.preflight)
     repo_id = None
-    if training.hub_model_id:  # an unusable Hub stops the run now, not after training
+    if training.hub_model_id and not training.preflight:  # an unusable Hub stops the run now
         repo_id = hub.open_repository(training.hub_model_id, training.hub_private, "--hub_model_id")
     strategy = hosts.build_strategy(settings.hardware)
     import tensorflow as tf
@@ -415,6 +420,19 @@ def main(settings, callbacks=()):
         f"epochs of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
         f"{lengths_in_words(bucket_lengths or [max_length])} tokens."
     )
+
+    if training.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
+        from mlm_pipeline import preflight
+
+        batches = (
+            train_dataset,
+            total_steps,
+            eval_dataset,
+            -(-len(validation) // global_batch_size),
+        )
+        return preflight.preflight_classifier(
+            classifier, training, batches, max_length, bucket_lengths
+        )
 
     # Fit, scored on the validation split after every epoch; then the final scores.
     started = time.perf_counter()

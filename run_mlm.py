@@ -246,7 +246,8 @@ class Speed:
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-    """How long to train, and when to evaluate, checkpoint and log."""
+    """How long to train, and when to evaluate, checkpoint and log; or measure a few steps and
+    project the run (--preflight)."""
 
     num_epochs: int = setting(
         "Passes over the training shards (unless --max_steps).", 1, type=positive_int
@@ -277,6 +278,11 @@ class Steps:
     )
     logging_steps: int = setting(
         "Write the training scalars to TensorBoard every this many steps.", 50, type=positive_int
+    )
+    preflight: bool = setting(
+        "Before a long run: build everything, time a few steps after the compile, and print the "
+        "hardware, seconds a step, peak memory and the run's projected time; write nothing.",
+        False,
     )
 
     def total_steps(self, steps_per_epoch):
@@ -384,7 +390,7 @@ def check_paths(settings):
     data, output = settings.data, settings.output
     inputs = {"--train_dataset": data.train_dataset, "--eval_dataset": data.eval_dataset}
     inputs["--model_name_or_path"] = settings.model.model_name_or_path
-    model_folder.check_output(output, inputs)
+    model_folder.check_output(output, inputs, write_probe=not settings.steps.preflight)
 
 
 def load_parent(model):
@@ -641,11 +647,11 @@ def build_config(tokenizer, max_length, model, parent=None, pytorch_export=True)
     return config
 
 
-def build_model(config, strategy, mask_token_id, total_steps, settings, parent=None):
-    """The masked LM and its trainer (masked_lm_trainer), with AdamW and its schedule over
-    `total_steps` (settings.optimizer), made in the strategy's scope and compiled for fit() as
-    settings.speed says. The masked LM starts from random weights drawn from settings.masking's
-    seed, or from those of `parent` (continued pretraining)."""
+def build_model(config, strategy, tokenizer, total_steps, settings, parent=None):
+    """The masked LM and its trainer (masked_lm_trainer, scoring the tokenizer's mask token), with
+    AdamW and its schedule over `total_steps` (settings.optimizer), made in the strategy's scope
+    and compiled for fit() as settings.speed says. The masked LM starts from random weights drawn
+    from settings.masking's seed, or from those of `parent` (continued pretraining)."""
     import tf_keras
     from transformers import TFAutoModelForMaskedLM, create_optimizer
 
@@ -661,7 +667,7 @@ def build_model(config, strategy, mask_token_id, total_steps, settings, parent=N
             masked_lm = parent.load_masked_lm(TFAutoModelForMaskedLM)
         masked_lm(masked_lm.dummy_inputs)  # build the weights inside the strategy scope
         trainer = masked_lm_trainer(
-            masked_lm, speed.mlm_head, mask_token_id, speed.gradient_accumulation_steps
+            masked_lm, speed.mlm_head, tokenizer.mask_token_id, speed.gradient_accumulation_steps
         )
         # AdamW, linear warmup then decay to 0, none on biases and layer norms; every replica's
         # gradients clipped together.
@@ -862,17 +868,15 @@ def fit_exact_steps(
 
 
 def main(settings, callbacks=()):
-    """Pretrain as `settings` say (parse_args(): the command line's, its rules checked);
-    `callbacks`: Keras callbacks for fit() besides the run's own. Returns the trainer and logs."""
+    """Pretrain as `settings` (parse_args()) say; `callbacks`: fit()'s besides the run's own."""
     tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
-    data, model, masking, steps = settings.data, settings.model, settings.masking, settings.steps
-    output = settings.output
+    data, masking, steps, output = settings.data, settings.masking, settings.steps, settings.output
     check_paths(settings)  # a path or output folder that cannot work is one line, before any work
-    parent = load_parent(model)  # continued pretraining: the published model's config, tokenizer
+    parent = load_parent(settings.model)  # continued pretraining: the model to start from
     strategy = hosts.build_strategy(settings.hardware)
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
-    named_tokenizer = load_tokenizer(data, model, parent)
+    named_tokenizer = load_tokenizer(data, settings.model, parent)
     tokenizer = named_tokenizer.tokenizer
     manifests, max_length = read_shards(data, masking, named_tokenizer, parent)
     batch_size = settings.speed.per_replica_batch_size
@@ -892,13 +896,17 @@ def main(settings, callbacks=()):
 
     # The model, before the output folder is touched: a parent that cannot be loaded stops here.
     pytorch_export = not output.no_pytorch_export
-    config = build_config(tokenizer, max_length, model, parent, pytorch_export)
-    masked_lm, trainer = build_model(
-        config, strategy, tokenizer.mask_token_id, total_steps, settings, parent
-    )
+    config = build_config(tokenizer, max_length, settings.model, parent, pytorch_export)
+    masked_lm, trainer = build_model(config, strategy, tokenizer, total_steps, settings, parent)
     saving = dict(tokenizer=tokenizer, max_length=max_length, pytorch_export=pytorch_export)
     save = functools.partial(model_folder.save_model, **saving)
     schedule = training_run.Schedule(train_plan, total_steps, short_steps, evaluation)
+    if steps.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
+        from mlm_pipeline import preflight
+
+        return preflight.preflight_masked_lm(
+            trainer, settings, schedule, max_length, train_dataset_from, eval_dataset, eval_batches
+        )
     run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
         settings, strategy, schedule, config, named_tokenizer, manifests, save, parent
     )

@@ -73,6 +73,9 @@ against the imports.
                                 background, the final model last
     training_run           3    what a run does around fit(): chief and workers, resume,
                                 callbacks, the end
+    preflight              3 4  --preflight: a few of the run's own steps timed after the
+                                compile, the hardware, the peak memory against the device's, the
+                                whole run's projected time; nothing written
     labelled_data            4  run_classifier.py's texts and labels (a Hub dataset or .tsv, .csv,
                                 .jsonl files), checked
     classifier_folder        4  run_classifier.py's model card, eval_results.json and Hub push

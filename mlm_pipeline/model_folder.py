@@ -12,13 +12,14 @@ from .errors import UsageError
 from .storage import check_local_output_dir, is_remote
 
 
-def check_output(output, inputs):
+def check_output(output, inputs, write_probe=True):
     """Before any work, one line for a path that cannot work: the gs:// ones among `inputs` (each
     flag's path, None when not given) and `output.output_dir` probed (storage.check_gcs_paths),
     then the output folder checked (check_output_dir). `output`: the group holding output_dir and
-    overwrite_output_dir (run_mlm.py's Output, run_classifier.py's Training)."""
+    overwrite_output_dir (run_mlm.py's Output, run_classifier.py's Training). Without
+    `write_probe` (--preflight, which writes nothing) a gs:// output is looked up, not written."""
     paths = {**inputs, "--output_dir": output.output_dir}
-    storage.check_gcs_paths(paths, writable=["--output_dir"])
+    storage.check_gcs_paths(paths, writable=["--output_dir"] if write_probe else [])
     with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
         check_output_dir(output.output_dir, output.overwrite_output_dir)
 

@@ -100,3 +100,10 @@ def fit_segments(start_step, total_steps, steps_per_epoch, phase_end=0):
             segments.append((step, epoch, 1, min(steps_per_epoch - offset, end - step)))
         step += segments[-1][2] * segments[-1][3]
     return segments
+
+
+def evaluation_count(total_steps, steps_per_evaluation, phase_end=0):
+    """How many evaluations a run from step 0 makes: one at the end of every fit() epoch
+    (fit_segments), whatever the calls."""
+    calls = fit_segments(0, total_steps, steps_per_evaluation, phase_end)
+    return sum(epochs for _, _, epochs, _ in calls)

@@ -59,6 +59,7 @@ LONGEST_FILES = (
     "test_hub.py",
     "test_resume.py",
     "test_smoke.py",
+    "test_preflight.py",
     "test_multi_worker.py",
     "test_pytorch_export.py",
     "test_modernbert.py",

@@ -91,6 +91,11 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
         # a pretrained row also has its pretraining's minutes and accuracy at [MASK]
         assert_row(output, "tiny pretrained", figures=7)
 
+    def preflight_projection(output):
+        assert "Preflight (nothing written)" in output
+        assert_row(output, "the whole run", figures=5)  # steps, three times in minutes, ratio
+        assert_row(output, "full length", figures=4)  # steps, the medians of both, the mean
+
     def classifier_speed(output):
         assert_row(output, "one length (--pad_to_max_length)", figures=4)
         assert_row(output, "length buckets", figures=4)
@@ -143,6 +148,11 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             + ["--warmup_steps", 1, "--rounds", 1, "--pipeline_batches", 4]
             + ["--ceiling_sizes", 64],
             training_speed,
+        ),
+        "preflight_projection.py": (
+            ["--", *run_mlm, "--eval_dataset", validation, "--output_dir", tmp_path / "model"]
+            + ["--max_steps", 30, "--per_replica_batch_size", 8],
+            preflight_projection,
         ),
         "recipe_curve.py": (
             ["--eval_every", 2, "--output_json", curve, "--", *run_mlm]
