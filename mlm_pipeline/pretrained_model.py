@@ -20,7 +20,6 @@ from . import architecture, contract, pytorch_weights
 from .contract import (
     CHECKPOINT_DIR,
     FINISHED_RUN_MARKER,
-    FIXED_PADDING_INDEX_MODELS,
     PYTORCH_WEIGHTS_INDEX_NAME,
     PYTORCH_WEIGHTS_NAME,
     TF_WEIGHTS_INDEX_NAME,
@@ -63,10 +62,8 @@ class PretrainedModel:
         self.config = self.load_config(trust_remote_code)
         self.tokenizer = contract.load_tokenizer(self.source, FLAG, trust_remote_code)
         self.check_tokenizer()
-        self.positions = self.config.max_position_embeddings
-        if self.config.model_type in FIXED_PADDING_INDEX_MODELS:
-            # RoBERTa numbers positions from pad_token_id + 1: those first rows are never used.
-            self.positions -= self.config.pad_token_id + 1
+        # RoBERTa's first rows come before its first position; BERT and ModernBERT have none such
+        self.positions = architecture.longest_sequence(self.config)
 
     def check_folder(self, weights):
         files = set(os.listdir(self.source))
