@@ -10,7 +10,9 @@ transformers 5 has no TF models, so run_mlm.py and run_classifier.py also write 
 model.safetensors beside the config and tokenizer. Both directions name each TF weight as PyTorch
 names it, by the mapping transformers' own converters use
 (`convert_tf_weight_name_to_pt_weight_name`), transposed where Keras stores a Dense kernel (in,
-out) and torch a Linear weight (out, in).
+out) and torch a Linear weight (out, in). The same names match a tf_model.h5's weights to a model
+where transformers' TF loader, which goes by layer, would leave them new
+(`assign_tf_weights_by_pytorch_name()`).
 
 `check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
 untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
