@@ -49,9 +49,9 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
 
 
 def fit_to_tokenizer(config, tokenizer, max_length):
-    """The config takes the tokenizer's vocabulary size and special ids, and enough position
-    embeddings for `max_length` tokens: RoBERTa numbers positions from pad_token_id + 1
-    (max_length + pad + 1 rows), other models from 0."""
+    """The config takes the tokenizer's vocabulary size and special ids, and enough positions for
+    `max_length` tokens: max_length + position_offset(config) (the config's own number when it is
+    larger)."""
     config.vocab_size, config.pad_token_id = len(tokenizer), tokenizer.pad_token_id
     config.bos_token_id = tokenizer.bos_token_id
     if config.bos_token_id is None:
@@ -62,8 +62,34 @@ def fit_to_tokenizer(config, tokenizer, max_length):
     config.cls_token_id, config.sep_token_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     config.mask_token_id = tokenizer.mask_token_id
     check_padding_index(config.model_type, tokenizer.pad_token_id, tokenizer.pad_token)
-    positions = max_length + tokenizer.pad_token_id + 1
+    positions = max_length + position_offset(config)
     config.max_position_embeddings = max(config.max_position_embeddings, positions)
+
+
+# TF RoBERTa and its kin number positions from their padding index + 1, and fix that index at 1
+TF_PADDING_INDEX = 1
+
+
+def position_offset(config):
+    """The rows of the position table that come before the first token's: the families that
+    number positions from the padding index + 1 (transformers' create_position_ids_from_input_ids)
+    never use the rows up to it. RoBERTa, XLM-R and their kin (FIXED_PADDING_INDEX_MODELS): 2, the
+    index TF fixes at 1, + 1 (PyTorch takes pad_token_id, which must then be 1); ESM with absolute
+    positions: pad_token_id + 1. Every other family: 0. BERT's table starts at position 0;
+    ModernBERT's positions are rotary, with no table at all, and its max_position_embeddings is the
+    longest sequence (transformers 5's ModernBertConfig)."""
+    if config.model_type in FIXED_PADDING_INDEX_MODELS:
+        return TF_PADDING_INDEX + 1
+    absolute = getattr(config, "position_embedding_type", "absolute") == "absolute"
+    if config.model_type == "esm" and absolute:
+        return config.pad_token_id + 1
+    return 0
+
+
+def longest_sequence(config):
+    """The most tokens a sequence of the model may hold: its max_position_embeddings less the rows
+    before the first position (position_offset)."""
+    return config.max_position_embeddings - position_offset(config)
 
 
 def overrides_items(overrides):

@@ -20,7 +20,6 @@ from . import architecture, contract, pytorch_weights
 from .contract import (
     CHECKPOINT_DIR,
     FINISHED_RUN_MARKER,
-    FIXED_PADDING_INDEX_MODELS,
     PYTORCH_WEIGHTS_INDEX_NAME,
     PYTORCH_WEIGHTS_NAME,
     TF_WEIGHTS_INDEX_NAME,
@@ -63,10 +62,8 @@ class PretrainedModel:
         self.config = self.load_config(trust_remote_code)
         self.tokenizer = contract.load_tokenizer(self.source, FLAG, trust_remote_code)
         self.check_tokenizer()
-        self.positions = self.config.max_position_embeddings
-        if self.config.model_type in FIXED_PADDING_INDEX_MODELS:
-            # RoBERTa numbers positions from pad_token_id + 1: those first rows are never used.
-            self.positions -= self.config.pad_token_id + 1
+        # RoBERTa's first rows come before its first position; BERT and ModernBERT have none such
+        self.positions = architecture.longest_sequence(self.config)
 
     def check_folder(self, weights):
         files = set(os.listdir(self.source))
@@ -203,11 +200,14 @@ class Parent(PretrainedModel):
 
 def load_weights(model_class, pretrained, config, whole=False):
     """`model_class` (a TFAutoModelFor... class) built from `config`, with the pretrained weights:
-    TF's own when the model has them (transformers' `from_pretrained`), else its PyTorch ones. The
-    weights the checkpoint lacks start random: a classifier's new head. `whole`: the checkpoint must
-    hold every weight, a masked LM's head included, or it is refused in one line. transformers'
-    notices about layers left out or made anew are not shown; a file that cannot be loaded is one
-    line."""
+    TF's own when the model has them (transformers' `from_pretrained`), else its PyTorch ones. A
+    weight loads when the checkpoint holds it under its PyTorch name, as in transformers 5,
+    whichever file it comes from: the layers transformers' TF loader leaves new, since it matches
+    a tf_model.h5 by layer name, are matched weight by weight (pytorch_weights.py; ModernBERT's
+    classifier takes the masked LM's `head` so). The weights the checkpoint lacks start random: a
+    classifier's new head. `whole`: the checkpoint must hold every weight, a masked LM's head
+    included, or it is refused in one line. transformers' notices about layers left out or made
+    anew are not shown; a file that cannot be loaded is one line."""
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
@@ -229,6 +229,10 @@ def load_weights(model_class, pretrained, config, whole=False):
                 output_loading_info=True,
             )
             missing = loading["missing_keys"]
+            if kind == "tf" and files and missing:  # top-level layers the loader left new
+                missing = pytorch_weights.assign_tf_weights_by_pytorch_name(
+                    model, missing, files[0], f"{FLAG} {pretrained.name}"
+                )
     except UsageError:
         raise
     except Exception as error:
@@ -249,9 +253,10 @@ def load_weights(model_class, pretrained, config, whole=False):
 
 
 def weights_files(pretrained):
-    """("tf", None), ("pytorch", [safetensors files]) or ("torch", None): which weights the model
-    has, in WEIGHTS_NAMES' order. A folder is listed; a Hub model's files are looked up (and
-    downloaded, the chosen ones only) through transformers' cache."""
+    """("tf", [tf_model.h5] or None), ("pytorch", [safetensors files]) or ("torch", None): which
+    weights the model has, in WEIGHTS_NAMES' order. A folder is listed; a Hub model's files are
+    looked up (and downloaded, the chosen ones only) through transformers' cache. A TF checkpoint
+    cut into several files gives None: transformers' loader matches those weight by weight."""
     if pretrained.hub_id is None:
         present = set(os.listdir(pretrained.source))
 
@@ -265,7 +270,10 @@ def weights_files(pretrained):
                 pretrained.source, file_name, _raise_exceptions_for_missing_entries=False
             )
 
-    if path(TF_WEIGHTS_NAME) or path(TF_WEIGHTS_INDEX_NAME):
+    tf_weights = path(TF_WEIGHTS_NAME)
+    if tf_weights:
+        return "tf", [tf_weights]
+    if path(TF_WEIGHTS_INDEX_NAME):
         return "tf", None
     safetensors = path(PYTORCH_WEIGHTS_NAME)
     if safetensors:

@@ -10,7 +10,9 @@ transformers 5 has no TF models, so run_mlm.py and run_classifier.py also write 
 model.safetensors beside the config and tokenizer. Both directions name each TF weight as PyTorch
 names it, by the mapping transformers' own converters use
 (`convert_tf_weight_name_to_pt_weight_name`), transposed where Keras stores a Dense kernel (in,
-out) and torch a Linear weight (out, in).
+out) and torch a Linear weight (out, in). The same names match a tf_model.h5's weights to a model
+where transformers' TF loader, which goes by layer, would leave them new
+(`assign_tf_weights_by_pytorch_name()`).
 
 `check_pytorch_export()` refuses, before training, a config whose copy would be unverified or
 untied; a RoBERTa pad id other than 1, which would shift PyTorch's positions, is refused by
@@ -83,6 +85,51 @@ def assign_pytorch_weights(model, files, name):
     for weight, array in values:  # all checked first: a refused checkpoint changes no weight
         weight.assign(array.astype(weight.dtype.as_numpy_dtype))
     return missing
+
+
+def assign_tf_weights_by_pytorch_name(model, layers, path, name):
+    """Set the weights of the built TF `model`'s top-level `layers` (named) from the TF checkpoint
+    `path` (a tf_model.h5) by PyTorch name, as transformers 5 loads a checkpoint. Returns the
+    PyTorch names of those weights it lacks (left as they were: random); a weight of another shape
+    is one line naming `name`.
+
+    transformers' TF loader reads a tf_model.h5 by top-level layer: a layer takes the weights of
+    the file's layer of the same name, or none. Where a family's masked LM and classifier group the
+    same PyTorch weights under layers of different names, the classifier would start them random
+    where transformers 5 loads them (ModernBERT's masked LM keeps its `head` in a layer `lm_head`,
+    for its get_lm_head(); the classifier's is `head`). The layers the loader left new are matched
+    here weight by weight, by the names transformers 5 goes by."""
+    import h5py
+    import numpy as np
+    from transformers.modeling_tf_pytorch_utils import convert_tf_weight_name_to_pt_weight_name
+    from transformers.tf_utils import load_attributes_from_hdf5_group
+
+    def pytorch_name(tf_name, shape):
+        return convert_tf_weight_name_to_pt_weight_name(tf_name, tf_weight_shape=shape)[0]
+
+    wanted = {}  # PyTorch name -> the model's weight
+    for layer in model.layers:
+        if layer.name in layers:
+            wanted.update({pytorch_name(w.name, w.shape): w for w in layer.weights})
+    values = []
+    with h5py.File(path, "r") as file:
+        for layer_name in load_attributes_from_hdf5_group(file, "layer_names"):
+            group = file[layer_name]
+            for weight_name in load_attributes_from_hdf5_group(group, "weight_names"):
+                stored = group[weight_name]
+                weight = wanted.pop(pytorch_name(weight_name, stored.shape), None)
+                if weight is None:
+                    continue
+                if tuple(stored.shape) != tuple(weight.shape):
+                    raise UsageError(
+                        f"the weight {weight_name} of {name} has the shape {tuple(stored.shape)}, "
+                        f"but the model its config describes needs {tuple(weight.shape)}; the "
+                        "checkpoint and its config.json do not belong together."
+                    )
+                values.append((weight, np.asarray(stored)))
+    for weight, array in values:  # all checked first: a refused checkpoint changes no weight
+        weight.assign(array.astype(weight.dtype.as_numpy_dtype))
+    return sorted(wanted)
 
 
 def stored_names(pt_name):

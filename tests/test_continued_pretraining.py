@@ -35,6 +35,7 @@ from refusals import refused, script_in_process
 import prepare_tfrecord_shards as prepare
 import run_mlm
 from mlm_pipeline import contract, pretrained_model, pytorch_weights, whole_words
+from mlm_pipeline.errors import UsageError
 
 # Word markers of each family's vocabulary: where a word starts, or (WordPiece) goes on.
 WORD_MARKERS = {"roberta": "Ġ", "bert": "##", "xlm-roberta": "▁", "modernbert": "Ġ", "mmbert": "▁"}
@@ -297,6 +298,25 @@ def test_modernbert_hub_id_continues_with_transformers5_loss(modernbert, tmp_pat
     assert abs(float(rows[0]["val_loss"]) - expected) <= BASELINE_TOLERANCE
     card = (output_dir / "README.md").read_text()
     assert "base_model: tiny-org/modernbert" in card
+
+
+def test_the_length_guard_reads_each_familys_own_positions(family):
+    """Shards exactly as long as the parent's positions are taken; one token longer is refused in
+    one line that names them. RoBERTa and XLM-R number positions from the padding index (1) + 1, so
+    their first two rows hold no position; BERT's table and ModernBERT's max_position_embeddings
+    (rotary: no table) count from 0."""
+    name, parent, _, _ = family
+    model = pretrained_model.Parent(str(parent))
+    table = config_of(parent)["max_position_embeddings"]
+    positions = table - 2 if name in ("roberta", "xlm-roberta") else table
+    assert positions >= MAX_LENGTH  # the parents hold the shards' sequences
+    model.check_continuation(model.tokenizer, "its tokenizer", positions)
+    with pytest.raises(UsageError) as refusal:
+        model.check_continuation(model.tokenizer, "its tokenizer", positions + 1)
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert f"sequences of {positions + 1} tokens, more than the {positions} positions" in message
+    assert f"prepare_tfrecord_shards.py --max_length {positions} or less" in message
 
 
 def test_masking_fits_each_family(family):

@@ -5,6 +5,8 @@ Each exported model type is trained for a few steps by run_mlm.main(); then one 
 transformers 5 virtualenv (.venv-transformers5, installed by `bash run_tests.sh` from
 requirements-export-test.txt) loads every folder with AutoModelForMaskedLM and pipeline("fill-mask")
 (tests/transformers5_fill_mask.py), and its logits and top tokens are compared with the TF model's.
+Another loads each copy as a sequence classifier (tests/transformers5_classifier_start.py): the
+weights it takes from the masked LM are the ones run_classifier.py's TF classifier starts from.
 """
 
 import json
@@ -31,6 +33,7 @@ from mlm_pipeline import contract, model_folder
 
 TRANSFORMERS5_REQUIREMENTS = REPO / "requirements-export-test.txt"
 TRANSFORMERS5_SCRIPT = REPO / "tests" / "transformers5_fill_mask.py"
+CLASSIFIER_START_SCRIPT = REPO / "tests" / "transformers5_classifier_start.py"
 
 MODEL_TYPES = ("roberta", "roberta-prelayernorm", "bert", "xlm-roberta", "modernbert")
 # ModernBERT (written here in TF) with global and local layers both, its window of 8 tokens shorter
@@ -253,6 +256,80 @@ def test_tensorflow_pipeline_still_loads_the_folder_as_it_is(model_type, trained
     for sentence, logits in zip(SENTENCES, masked_logits):
         guesses = fill_mask(sentence, top_k=TOP_K)
         assert [guess["token"] for guess in guesses] == top_tokens(logits).tolist(), sentence
+
+
+# What each family's classifier makes anew (transformers 5's missing keys); every other weight is
+# the masked LM's. BERT's masked LM has no pooler (transformers' BertForMaskedLM, TF and PyTorch, is
+# built without one), so its pooler starts random too; RoBERTa's `classifier.dense` is not its
+# `lm_head.dense`; ModernBERT's classifier takes the masked LM's `head` (dense and norm).
+ROBERTA_HEAD = ["classifier.dense.bias", "classifier.dense.weight"]
+ROBERTA_HEAD += ["classifier.out_proj.bias", "classifier.out_proj.weight"]
+NEW_CLASSIFIER_WEIGHTS = {
+    "roberta": ROBERTA_HEAD,
+    "roberta-prelayernorm": ROBERTA_HEAD,
+    "xlm-roberta": ROBERTA_HEAD,
+    "bert": ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
+    + ["classifier.bias", "classifier.weight"],
+    "modernbert": ["classifier.bias", "classifier.weight"],
+}
+
+
+@pytest.fixture(scope="module")
+def transformers5_classifiers(transformers5_python, trained, tmp_path_factory):
+    """{model type: what transformers 5 builds from the masked LM's copy as
+    AutoModelForSequenceClassification}, from one subprocess."""
+    folder = tmp_path_factory.mktemp("transformers5_classifiers")
+    request, report = folder / "request.json", folder / "report.json"
+    folders = {
+        model_type: str(output_dir / contract.PYTORCH_DIR)
+        for model_type, (_, output_dir) in trained.items()
+    }
+    request.write_text(json.dumps({"folders": folders, "num_labels": 2}))
+    return run_in_transformers5(
+        CLASSIFIER_START_SCRIPT, request, report, "the copies as classifiers"
+    )
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_the_classifier_starts_from_what_transformers5_loads(
+    model_type, trained, transformers5_classifiers
+):
+    """run_classifier.py's TF classifier, built from the masked LM's TF weights, takes from it the
+    very weights transformers 5 takes from the PyTorch copy, with the same values, and makes anew
+    the ones transformers 5 makes anew. The masked LM trained 8 steps, so none of its weights is
+    still what a new one starts at."""
+    import tensorflow as tf
+    from safetensors.numpy import load_file
+
+    import run_classifier
+    from mlm_pipeline import pretrained_model, pytorch_weights
+
+    _, output_dir = trained[model_type]
+    found = transformers5_classifiers[model_type]
+    assert found["model_class"].endswith("ForSequenceClassification")
+    assert found["missing_keys"] == NEW_CLASSIFIER_WEIGHTS[model_type]
+    assert found["unexpected_keys"]  # the masked LM's own head, which a classifier leaves out
+    loaded = sorted(set(found["weights"]) - set(found["missing_keys"]))
+
+    classifier = run_classifier.build_classifier(
+        pretrained_model.PretrainedModel(str(output_dir)),
+        tf.distribute.get_strategy(),
+        ["LABEL_0", "LABEL_1"],
+        total_steps=10,
+        from_scratch=False,
+        training=run_classifier.Training(output_dir="unused", learning_rate=1e-3),
+    )
+    start = pytorch_weights.pytorch_state_dict(classifier)  # by PyTorch name
+    assert sorted(start) == sorted(found["weights"])
+    masked_lm = load_file(str(output_dir / contract.PYTORCH_DIR / contract.PYTORCH_WEIGHTS_NAME))
+    taken = [
+        name
+        for name, value in sorted(start.items())
+        if name in masked_lm and np.array_equal(value, masked_lm[name])
+    ]
+    assert taken == loaded
+    for name in loaded:
+        np.testing.assert_array_equal(start[name], np.asarray(found["weights"][name], np.float32))
 
 
 def save(masked_lm, tokenizer, output_dir, pytorch_export=True):

@@ -222,8 +222,20 @@ def test_step_counts(case, shards_dir, tokenizer_dir, tiny_model, read_manifest,
     assert steps_left == [(f"{end:,}", f"{total:,}") for end in epoch_ends]
 
 
-@pytest.mark.parametrize("model_type", ["roberta", "bert"])
+MASKED_LM_CLASSES = {
+    "roberta": "TFRobertaForMaskedLM",
+    "bert": "TFBertForMaskedLM",
+    "modernbert": "TFModernBertForMaskedLM",
+}
+# The rows of the position table before the first position: RoBERTa's kin number positions from
+# the padding index (1) + 1
+POSITION_OFFSETS = {"roberta": 2, "xlm-roberta": 2, "bert": 0, "modernbert": 0}
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "bert", "modernbert"])
 def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, tokenizer, tmp_path):
+    """The file's sizes, the overrides on top, the tokenizer's size and ids, and positions raised
+    to what the shards need, no more: in config.json and in the PyTorch copy's."""
     config_file = tmp_path / "my_config.json"
     config_file.write_text(
         json.dumps(
@@ -255,10 +267,7 @@ def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, to
     )
     saved = json.loads((output_dir / "config.json").read_text())
     assert saved["model_type"] == model_type
-    assert (
-        type(model.masked_lm).__name__
-        == {"roberta": "TFRobertaForMaskedLM", "bert": "TFBertForMaskedLM"}[model_type]
-    )
+    assert type(model.masked_lm).__name__ == MASKED_LM_CLASSES[model_type]
     assert (saved["hidden_size"], saved["intermediate_size"], saved["num_hidden_layers"]) == (
         24,
         40,
@@ -267,7 +276,9 @@ def test_config_from_a_local_json_file(model_type, shards_dir, tokenizer_dir, to
     assert saved["num_attention_heads"] == 2  # overrides apply on top of the file
     assert saved["vocab_size"] == len(tokenizer)
     assert saved["pad_token_id"] == tokenizer.pad_token_id
-    assert saved["max_position_embeddings"] >= MAX_LENGTH + tokenizer.pad_token_id + 1
+    positions = MAX_LENGTH + POSITION_OFFSETS[model_type]
+    copy = json.loads((output_dir / contract.PYTORCH_DIR / "config.json").read_text())
+    assert saved["max_position_embeddings"] == copy["max_position_embeddings"] == positions
     assert int(model.optimizer.iterations.numpy()) == 2
 
 
@@ -867,6 +878,52 @@ def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp
         assert {key: written[key] for key in expected} == expected
     assert all(expected[key] != getattr(defaults, key, None) for key in expected)
     assert config.local_attention == 8 and config.num_hidden_layers == 4
+
+
+def tokenizer_with_pad_id(pad_id):
+    """A fast tokenizer whose [PAD] has id `pad_id`: a word-level vocabulary of that many words
+    first (ModernBERT-base's [PAD] is 50283, after its vocabulary), then its special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocabulary = {f"word{index}": index for index in range(pad_id)}
+    vocabulary.update({token: pad_id + index for index, token in enumerate(specials)})
+    backend = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        **{f"{name}_token": f"[{name.upper()}]" for name in ("pad", "unk", "cls", "sep", "mask")},
+    )
+
+
+@pytest.mark.parametrize("pad_id", [1, 50283])
+@pytest.mark.parametrize("model_type", list(POSITION_OFFSETS))
+def test_config_positions_are_the_familys_own(model_type, pad_id, tmp_path):
+    """From scratch, a config of fewer positions is raised to the shards' length plus the rows its
+    family keeps before the first position (RoBERTa's and XLM-R's two, whatever the pad id
+    elsewhere; BERT's and ModernBERT's none), and the length guard reads that length back; a pad
+    id other than 1 is refused for the families that need it."""
+    from mlm_pipeline import architecture
+
+    max_length = 48
+    source = write_config(tmp_path, model_type=model_type, max_position_embeddings=8)
+    config = architecture.load_config(str(source))
+    tokenizer = tokenizer_with_pad_id(pad_id)
+    assert tokenizer.pad_token_id == pad_id
+    if POSITION_OFFSETS[model_type] and pad_id != 1:
+        with pytest.raises(errors.UsageError, match="numbers positions from a padding index fixed"):
+            architecture.fit_to_tokenizer(config, tokenizer, max_length)
+        return
+    architecture.fit_to_tokenizer(config, tokenizer, max_length)
+    assert config.pad_token_id == pad_id
+    assert config.max_position_embeddings == max_length + POSITION_OFFSETS[model_type]
+    assert architecture.longest_sequence(config) == max_length
+    # a config with more positions keeps them
+    source = write_config(tmp_path, model_type=model_type, max_position_embeddings=100)
+    config = architecture.load_config(str(source))
+    architecture.fit_to_tokenizer(config, tokenizer, max_length)
+    assert config.max_position_embeddings == 100
 
 
 def no_word_markers_tokenizer(corpus, folder):
