@@ -29,7 +29,7 @@ from .contract import (
     WEIGHTS_NAMES,
 )
 from .errors import UsageError, first_line
-from .storage import is_local_path, is_remote
+from .storage import is_hub_id, is_remote
 
 FLAG = "--model_name_or_path"
 
@@ -45,6 +45,8 @@ class PretrainedModel:
     HINT_HUB = "pass another Hub id, or the --output_dir of a finished run_mlm.py run"
     HINT_FOLDER = "pass the --output_dir of a finished run_mlm.py run, or a Hub id"
     NO_WEIGHTS_HINT = "or pass --from_scratch to train its architecture from random weights"
+    # a classifier needs no mask token; a parent of continued pretraining does (Parent)
+    NEEDS_MASK_TOKEN = False
 
     def __init__(self, name, weights=True, trust_remote_code=False):
         self.name, self.source, self.hub_id = name, name, None
@@ -52,15 +54,17 @@ class PretrainedModel:
             self.local_copy = tempfile.TemporaryDirectory(prefix="pretrained-")
             contract.copy_folder_files(name, self.local_copy.name)
             self.source = self.local_copy.name
-        if os.path.isdir(self.source):
-            self.check_folder(weights)
-        elif is_local_path(self.source):
-            raise UsageError(f"{FLAG} {name} is not a model folder; {self.HINT_FOLDER}.")
-        else:
+        if is_hub_id(self.source):
             self.hub_id = name
+        elif os.path.isdir(self.source):
+            self.check_folder(weights)
+        else:
+            raise UsageError(f"{FLAG} {name} is not a model folder; {self.HINT_FOLDER}.")
         self.hint = self.HINT_HUB if self.hub_id else self.HINT_FOLDER
         self.config = self.load_config(trust_remote_code)
-        self.tokenizer = contract.load_tokenizer(self.source, FLAG, trust_remote_code)
+        self.tokenizer = contract.load_tokenizer(
+            self.source, FLAG, trust_remote_code, require_mlm_tokens=self.NEEDS_MASK_TOKEN
+        )
         self.check_tokenizer()
         # RoBERTa's first rows come before its first position; BERT and ModernBERT have none such
         self.positions = architecture.longest_sequence(self.config)
@@ -120,12 +124,17 @@ class PretrainedModel:
         length as the tokenizer's model_max_length): positions it never saw would start random."""
         if max_length is None:
             return min(default, self.positions, self.tokenizer.model_max_length)
-        if max_length > self.positions:
-            raise UsageError(
-                f"--max_length {max_length} is longer than the {self.positions} positions of the "
-                f"model {self.name}; pass --max_length {self.positions} or less."
-            )
+        self.check_positions(f"--max_length {max_length}", max_length, "pass --max_length")
         return max_length
+
+    def check_positions(self, what, length, remedy):
+        """`what` (`length` tokens) must fit in the model's positions; `remedy` says how to make it
+        shorter, up to the number of positions."""
+        if length > self.positions:
+            raise UsageError(
+                f"{what} is longer than the {self.positions} positions of the model {self.name}; "
+                f"{remedy} {self.positions} or less."
+            )
 
 
 class Parent(PretrainedModel):
@@ -143,6 +152,7 @@ class Parent(PretrainedModel):
         f"or leave out {FLAG} and pass it as --pretrained_model_config to train its architecture "
         "from random weights"
     )
+    NEEDS_MASK_TOKEN = True
 
     def __init__(self, name, config_overrides=None, trust_remote_code=False):
         reshaping = [
@@ -170,8 +180,8 @@ class Parent(PretrainedModel):
     def check_continuation(self, tokenizer, tokenizer_flag, max_length):
         """The tokenizer of the shards (`tokenizer_flag` names where it came from: --tokenizer, or
         this model's own) must mean by every id what the parent's does, since its embeddings are
-        rows of its own, and have a mask token; the shards' `max_length` tokens must fit in the
-        parent's positions."""
+        rows of its own (and so has the parent's mask token); the shards' `max_length` tokens must
+        fit in the parent's positions."""
         fingerprint = contract.vocabulary_fingerprint
         if fingerprint(tokenizer) != fingerprint(self.tokenizer):
             raise UsageError(
@@ -180,17 +190,11 @@ class Parent(PretrainedModel):
                 "make the shards with it (prepare_tfrecord_shards.py --tokenizer_name_or_path "
                 f"{self.name})."
             )
-        if tokenizer.mask_token_id is None:
-            raise UsageError(
-                f"the tokenizer of {FLAG} {self.name} has no mask token, so it is no masked LM's; "
-                "pass a masked LM."
-            )
-        if max_length > self.positions:
-            raise UsageError(
-                f"the shards hold sequences of {max_length} tokens, more than the "
-                f"{self.positions} positions of {FLAG} {self.name}; remake them with "
-                f"prepare_tfrecord_shards.py --max_length {self.positions} or less."
-            )
+        self.check_positions(
+            f"the shards' length, {max_length} tokens,",
+            max_length,
+            "remake the shards with prepare_tfrecord_shards.py --max_length",
+        )
 
     def load_masked_lm(self, model_class):
         """The parent as a `model_class` (TFAutoModelForMaskedLM), every weight its own: one it

@@ -315,7 +315,7 @@ def test_the_length_guard_reads_each_familys_own_positions(family):
         model.check_continuation(model.tokenizer, "its tokenizer", positions + 1)
     message = str(refusal.value)
     assert "\n" not in message
-    assert f"sequences of {positions + 1} tokens, more than the {positions} positions" in message
+    assert f"length, {positions + 1} tokens, is longer than the {positions} positions" in message
     assert f"prepare_tfrecord_shards.py --max_length {positions} or less" in message
 
 
@@ -460,7 +460,7 @@ def modernbert_refusals(parent, shards, variants, project_shards):
         ),
         "ModernBERT: fewer positions": (
             continue_flags(variants / "short", shards, "OUT"),
-            f"more than the 16 positions of --model_name_or_path {variants / 'short'}",
+            f"is longer than the 16 positions of the model {variants / 'short'}",
         ),
         "ModernBERT: a window override": (
             continue_flags(parent, shards, "OUT", config_overrides="local_attention=16"),
@@ -510,7 +510,7 @@ def refusals(folder, shards, tokenizer_dir, project_shards):
         ),
         "fewer positions": (
             continue_flags(folder / "short", shards, "OUT"),
-            f"more than the 8 positions of --model_name_or_path {folder / 'short'}",
+            f"is longer than the 8 positions of the model {folder / 'short'}",
         ),
         "no masked LM": (
             continue_flags(folder / "decoder", shards, "OUT"),
