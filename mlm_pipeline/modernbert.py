@@ -190,10 +190,12 @@ def rotary_tables(theta, head_size, length):
 # training memory grows with the length, not its square. The path is chosen from the static length
 # the layer is traced with (fixed by run_mlm.py's shards); an unknown length takes the dense path.
 
-DENSE_GLOBAL_UP_TO = 1024  # the longest sequence a global layer attends densely
-DENSE_LOCAL_UP_TO = 512  # and a local one
+# The longest sequence attended densely, by a layer of either type: on the CPU the dense path was
+# faster up to 512 tokens, the memory-linear one from 1,024 (one layer's attention, forward and
+# backward, the same tokens at each length)
+DENSE_ATTENTION_UP_TO = 512
 GLOBAL_QUERY_CHUNK = (
-    256  # queries a global layer scores at once past that: [batch, heads, 256, length]
+    256  # queries a global layer scores at once past it: [batch, heads, 256, length]
 )
 
 
@@ -345,11 +347,11 @@ class TFModernBertAttention(tf_keras.layers.Layer):
         def dropout(probabilities):
             return self.attention_dropout(probabilities, training=training)
 
-        length, local = query.shape[2], self.half_window is not None
-        if length is None or length <= (DENSE_LOCAL_UP_TO if local else DENSE_GLOBAL_UP_TO):
+        length = query.shape[2]
+        if length is None or length <= DENSE_ATTENTION_UP_TO:
             bias = dense_bias(attention_mask, shape_list(query)[2], self.half_window)
             return attend(query, key, value, bias, dropout)
-        if local:
+        if self.half_window is not None:
             return local_attention_in_blocks(
                 query, key, value, attention_mask, self.half_window, dropout
             )

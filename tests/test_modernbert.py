@@ -100,8 +100,7 @@ def attention_path(request, monkeypatch):
     from mlm_pipeline import modernbert
 
     if request.param == "memory_linear":
-        monkeypatch.setattr(modernbert, "DENSE_GLOBAL_UP_TO", 0)
-        monkeypatch.setattr(modernbert, "DENSE_LOCAL_UP_TO", 0)
+        monkeypatch.setattr(modernbert, "DENSE_ATTENTION_UP_TO", 0)
         monkeypatch.setattr(modernbert, "GLOBAL_QUERY_CHUNK", 5)
     return request.param
 
@@ -470,7 +469,7 @@ def test_8192_tokens_match_pytorch(transformers5):
 
     from mlm_pipeline import modernbert
 
-    assert LONG_LENGTH > max(modernbert.DENSE_GLOBAL_UP_TO, modernbert.DENSE_LOCAL_UP_TO)
+    assert LONG_LENGTH > modernbert.DENSE_ATTENTION_UP_TO
     _, built = transformers5
     folder = built["long", "masked_lm"]
     model = imported_model("masked_lm", folder)
