@@ -194,9 +194,8 @@ def rotary_tables(theta, head_size, length):
 # faster up to 512 tokens, the memory-linear one from 1,024 (one layer's attention, forward and
 # backward, the same tokens at each length)
 DENSE_ATTENTION_UP_TO = 512
-GLOBAL_QUERY_CHUNK = (
-    256  # queries a global layer scores at once past it: [batch, heads, 256, length]
-)
+# Queries a global layer scores at once past it: scores [batch, heads, 256, length] a chunk
+GLOBAL_QUERY_CHUNK = 256
 
 
 def attend(query, key, value, bias, dropout):
