@@ -12,8 +12,9 @@ step's and the imports' alone; "above imports" subtracts the peak reached before
 The PyTorch side runs in .venv-transformers5 (transformers 5 has no TF models), built from the same
 config: hidden 128, 2 heads of 64, 3 layers (global, local, local), window 128, GeGLU 256 wide, a
 1,024-token vocabulary, the loss at every position. Times are the median of --steps steps after one
-that traces. "local layers" times one local layer's step (attention and MLP, forward and backward)
-alone: its seconds per 1,000 tokens should stay flat with the length.
+that traces. "local layer" times one local layer's step (attention and MLP, forward and backward)
+alone, the median of --local_steps: its milliseconds per 1,000 tokens should stay flat with the
+length.
 
 The switch table times one layer's attention alone (forward and backward) on each path at each
 length, the same tokens each: where the memory-linear path becomes as fast as the dense one.
@@ -68,7 +69,7 @@ def median_seconds(step, steps):
     return statistics.median(seconds)
 
 
-def tf_child(length, batch, steps):
+def tf_child(length, batch, steps, local_steps):
     """{seconds, peak, imports} of the TF masked LM's training step, and the local layer's."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, str(REPO))
@@ -106,11 +107,11 @@ def tf_child(length, batch, steps):
             loss = tf.reduce_sum(layer(hidden, rotary, mask, training=True) ** 2)
         return tape.gradient(loss, [hidden, *layer.trainable_weights])
 
-    local = median_seconds(lambda: local_step(), steps)
+    local = median_seconds(lambda: local_step(), local_steps)
     return {"seconds": seconds, "peak": peak, "imports": imports, "local": local}
 
 
-def torch_child(length, batch, steps):
+def torch_child(length, batch, steps, local_steps=None):
     """{seconds, peak, imports} of transformers 5's ModernBertForMaskedLM's training step."""
     import torch
     from transformers import AutoModelForMaskedLM, ModernBertConfig
@@ -195,6 +196,12 @@ def parse_args(argv=None):
     parser.add_argument("--tokens", type=int, default=8192, help="Tokens a step: batch x length.")
     parser.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
     parser.add_argument(
+        "--local_steps",
+        type=int,
+        default=10,
+        help="Timed steps of the local layer alone (short ones: more steps steady the median).",
+    )
+    parser.add_argument(
         "--switch_lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096]
     )
     parser.add_argument(
@@ -237,6 +244,7 @@ def main(args):
     results = {}
     for length in args.lengths:
         flags = ["--length", length, "--tokens", args.tokens, "--steps", args.steps]
+        flags += ["--local_steps", args.local_steps]
         results[length] = (
             run_child(sys.executable, "--child", "tf", *flags),
             run_child(args.transformers5_python, "--child", "torch", *flags),
@@ -311,7 +319,7 @@ def child_main(args):
     else:
         batch = args.tokens // args.length
         child = tf_child if args.child == "tf" else torch_child
-        found = child(args.length, batch, args.steps)
+        found = child(args.length, batch, args.steps, args.local_steps)
     print(json.dumps(found))
 
 

@@ -190,9 +190,10 @@ def rotary_tables(theta, head_size, length):
 # training memory grows with the length, not its square. The path is chosen from the static length
 # the layer is traced with (fixed by run_mlm.py's shards); an unknown length takes the dense path.
 
-# The longest sequence attended densely, by a layer of either type: on the CPU the dense path was
-# faster up to 512 tokens, the memory-linear one from 1,024 (one layer's attention, forward and
-# backward, the same tokens at each length)
+# The longest sequence attended densely, by a layer of either type. Measured on the CPU (one layer's
+# attention, forward and backward, the same tokens at each length): a local layer's blocks are
+# faster from 1,024 tokens; a global layer's chunks cost 1.2x to 1.4x the dense path up to 4,096
+# (each chunk's scores computed twice), which past 512 buys memory that grows with the length.
 DENSE_ATTENTION_UP_TO = 512
 # Queries a global layer scores at once past it: scores [batch, heads, 256, length] a chunk
 GLOBAL_QUERY_CHUNK = 256

@@ -118,7 +118,8 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             pretrained["model"].parent,
         ),
         "modernbert_long.py": (
-            ["--lengths", 128, "--tokens", 128, "--steps", 1, "--switch_lengths", 64],
+            ["--lengths", 128, "--tokens", 128, "--steps", 1, "--local_steps", 1]
+            + ["--switch_lengths", 64],
             modernbert_long,
         ),
         "tokenizer_efficiency.py": (
