@@ -56,9 +56,11 @@ against the imports.
                                 sizes, first records; a corrupt one named during training
     architecture           3 4  the architecture to train from random weights: a config from
                                 --pretrained_model_config, --config_overrides, the tokenizer's ids
+    modernbert_config      3 4  ModernBERT's config read as transformers 5 reads it (layer
+                                types, RoPE bases, window), both spellings kept in agreement
     modernbert             3 4  ModernBERT in TF, named as transformers 5's PyTorch model and
-                                registered with transformers' TF auto classes; its config read
-                                as transformers 5 reads it
+                                registered with transformers' TF auto classes; attention whose
+                                memory grows with the length past a measured switch
     whole_words            3    --whole_word_masking: which tokens start a word, the masking of
                                 whole words
     metrics                3    the accuracy metrics, over the masked positions only

@@ -6,6 +6,7 @@ its config is the parent's: pretrained_model.Parent.)"""
 import json
 import os
 
+from . import modernbert_config
 from .contract import FIXED_PADDING_INDEX_MODELS
 from .errors import UsageError, first_line
 from .storage import is_local_path
@@ -35,7 +36,7 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
     apply_overrides(config, overrides)
     where = f"{flag} {source}" + (f" with --config_overrides {overrides}" if overrides else "")
     check_masked_lm(config, where, "pass a masked LM's config")
-    check_local_attention(
+    modernbert_config.check_local_attention(
         config,
         where,
         "pass an even one: --config_overrides local_attention={even} (the same) or {larger}",
@@ -117,9 +118,7 @@ def apply_overrides(config, overrides):
             )
         setattr(config, key, value)
     if config.model_type == "modernbert" and {key for key, _ in items} & MODERNBERT_LAYOUT:
-        from . import modernbert
-
-        modernbert.use_legacy_layout(config)  # a transformers 5 layout would hide the change
+        modernbert_config.use_legacy_layout(config)  # a transformers 5 layout would hide the change
 
 
 # ModernBERT's fields that transformers 5 restates as layer_types and rope_parameters
@@ -165,23 +164,6 @@ def check_masked_lm(config, where, remedy):
             f"{where} is a {config.model_type} model, which has no TF masked-LM class in "
             f"transformers, so it cannot be pretrained here; {remedy}: {MASKED_LM_FAMILIES}."
         )
-
-
-def check_local_attention(config, where, remedy):
-    """ModernBERT's local layers attend `local_attention // 2` tokens each side, in transformers 5
-    as here: an odd window would silently be the even one below it, so it is refused in one line.
-    `where` names the config; `remedy` says what to do, {even} and {larger} in it the even windows
-    below and above."""
-    window = getattr(config, "local_attention", None)
-    if config.model_type != "modernbert" or window is None or window % 2 == 0:
-        return
-    for name, value in (("{even}", window - 1), ("{larger}", window + 1)):
-        remedy = remedy.replace(name, str(value))
-    raise UsageError(
-        f"{where} has an odd ModernBERT local_attention {window}: its local layers attend "
-        f"local_attention // 2 = {window // 2} tokens each side (as in transformers), just as with "
-        f"local_attention {window - 1}; {remedy}."
-    )
 
 
 def check_padding_index(model_type, pad_token_id, pad_token=None, remedy=None):

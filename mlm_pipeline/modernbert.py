@@ -1,10 +1,9 @@
 """ModernBERT in TensorFlow (tf_keras), a twin of transformers 5's PyTorch ModernBERT.
 
 transformers 4.57, the last line with TF models, has ModernBERT in PyTorch only. Its
-`ModernBertConfig` drives these classes, so a published config.json means here what it means
-there, and every TF variable is named so that transformers'
-`convert_tf_weight_name_to_pt_weight_name` (pytorch_weights.py uses it both ways, unchanged)
-gives the PyTorch state-dict name:
+`ModernBertConfig` drives these classes (read as transformers 5 reads it: modernbert_config.py),
+and every TF variable is named so that transformers' `convert_tf_weight_name_to_pt_weight_name`
+(pytorch_weights.py uses it both ways, unchanged) gives the PyTorch state-dict name:
 `model.layers.1.attn.Wqkv.weight` is the TF variable `.../model/layers_._1/attn/Wqkv/kernel:0`.
 
 The architecture, as transformers 5 runs it with padded batches (no unpadding, static shapes, so
@@ -12,18 +11,10 @@ XLA compiles it): token embeddings (no position embeddings) and a LayerNorm; pre
 attention rotates queries and keys (RoPE), global layers over the whole sequence and local ones
 over a band of `local_attention // 2` tokens each side; a GeGLU MLP; a final LayerNorm. Heads: a
 dense-activation-norm head, then the decoder (the word embeddings when tied) or a classifier.
-
-transformers 5 stores the attention pattern and the RoPE bases as `layer_types` and
-`rope_parameters`, where transformers 4.57 has `global_attn_every_n_layers`,
-`global_rope_theta` and `local_rope_theta`; 4.57 reads a transformers 5 config.json with its own
-defaults for the thetas. `attention_layout()` reads a config as transformers 5 would, and the
-models put both spellings in agreement (`normalize_config()`) when they are built.
 """
 
 import copy
-import json
 import math
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -44,137 +35,14 @@ from transformers.modeling_tf_utils import (
 )
 from transformers.tf_utils import check_embeddings_within_bounds, shape_list
 
-FULL_ATTENTION = "full_attention"  # transformers 5's name for a global layer
-SLIDING_ATTENTION = "sliding_attention"  # and for a local one
-LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+from .modernbert_config import SLIDING_ATTENTION, attention_layout, normalize_config, sliding_window
+
 # PyTorch activation names transformers' TF side spells otherwise (the same functions)
 ACTIVATION_ALIASES = {
     "gelu_python": "gelu",
     "gelu_pytorch_tanh": "gelu_new",
     "gelu_python_tanh": "gelu_new",
 }
-
-
-# The configuration: transformers 5's reading of it, and both spellings kept in agreement.
-
-
-def attention_layout(config):
-    """(layer types, {layer type: RoPE theta}) as transformers 5 reads the same fields.
-
-    transformers 5 takes `layer_types` when present, else a global layer every
-    `global_attn_every_n_layers` layers from layer 0; a theta from `rope_parameters[type]` when
-    present, else from `global_rope_theta` (global layers) and `local_rope_theta` (local ones)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is None:
-        every = config.global_attn_every_n_layers
-        layer_types = [
-            SLIDING_ATTENTION if index % every else FULL_ATTENTION
-            for index in range(config.num_hidden_layers)
-        ]
-    layer_types = list(layer_types)
-    if len(layer_types) != config.num_hidden_layers:
-        raise ValueError(
-            f"the ModernBERT config has {len(layer_types)} layer_types for "
-            f"{config.num_hidden_layers} layers"
-        )
-    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
-    if unknown:
-        raise ValueError(f"the ModernBERT config has unknown layer_types {unknown}")
-    if getattr(config, "rope_scaling", None):
-        raise NotImplementedError("ModernBERT in TF has plain RoPE only, not rope_scaling")
-    legacy = {FULL_ATTENTION: config.global_rope_theta, SLIDING_ATTENTION: config.local_rope_theta}
-    rope_parameters = getattr(config, "rope_parameters", None) or {}
-    thetas = {}
-    for layer_type in LAYER_TYPES:
-        parameters = rope_parameters.get(layer_type) or {}
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
-        if rope_type != "default":
-            # scaled variants change the frequencies; a model that differs silently is worse
-            raise NotImplementedError(
-                f"ModernBERT in TF has plain RoPE only, not rope_type {rope_type!r}"
-            )
-        thetas[layer_type] = float(parameters.get("rope_theta", legacy[layer_type]))
-    return layer_types, thetas
-
-
-def global_layer_period(layer_types, preferred=None):
-    """The n for which layer i is global exactly when i % n == 0 (`preferred` if it fits, else
-    the smallest), or None when the pattern is no such period."""
-    candidates = range(1, len(layer_types) + 1)
-    if preferred:
-        candidates = [preferred, *candidates]
-    for period in candidates:
-        pattern = [
-            SLIDING_ATTENTION if i % period else FULL_ATTENTION for i in range(len(layer_types))
-        ]
-        if pattern == list(layer_types):
-            return period
-    return None
-
-
-def normalize_config(config):
-    """Make both spellings of `config` (in place; returned) say what transformers 5 reads.
-
-    transformers 4.57 reads a config.json saved by transformers 5 with its own default thetas
-    (160,000 and 10,000) and keeps `layer_types` and `rope_parameters` as plain attributes; it
-    also saves them back. transformers 5 reads those first. So the 5 spelling decides, and the
-    4.57 fields (`global_rope_theta`, `local_rope_theta`, `global_attn_every_n_layers`) are set
-    from it; both are written by `config.save_pretrained()` and mean the same to either version.
-    A pattern no period describes is left to `layer_types` alone."""
-    layer_types, thetas = attention_layout(config)
-    config.global_rope_theta = thetas[FULL_ATTENTION]
-    config.local_rope_theta = thetas[SLIDING_ATTENTION]
-    period = global_layer_period(layer_types, config.global_attn_every_n_layers)
-    if period is not None:
-        config.global_attn_every_n_layers = period
-    config.layer_types = layer_types
-    config.rope_parameters = {
-        layer_type: {"rope_type": "default", "rope_theta": thetas[layer_type]}
-        for layer_type in LAYER_TYPES
-    }
-    return config
-
-
-def use_legacy_layout(config):
-    """Drop `layer_types` and `rope_parameters` from `config` (in place; returned), so that
-    `global_attn_every_n_layers`, `global_rope_theta` and `local_rope_theta` decide again.
-
-    For a change to one of those (run_mlm.py's --config_overrides) on a config that holds the
-    transformers 5 spelling, which both transformers 5 and these models would otherwise read
-    first, ignoring the change; `num_hidden_layers` needs it too, or `layer_types` no longer
-    fits."""
-    for name in ("layer_types", "rope_parameters"):
-        if hasattr(config, name):
-            delattr(config, name)
-    return config
-
-
-def config_from_dict(dictionary):
-    """A transformers 4.57 ModernBertConfig from a config.json's contents, saved by transformers 4
-    or 5, with the thetas and layer types transformers 5 would read."""
-    return normalize_config(ModernBertConfig.from_dict(dictionary))
-
-
-def load_config(folder):
-    """config_from_dict() of `folder`/config.json."""
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as file:
-        return config_from_dict(json.load(file))
-
-
-def transformers5_config_dict(config):
-    """The contents of a config.json that transformers 5 reads as this model (and 4.57 too): both
-    spellings, in agreement. `config` itself is not changed."""
-    return normalize_config(copy.deepcopy(config)).to_dict()
-
-
-def save_transformers5_config(config, folder):
-    """Write `folder`/config.json from transformers5_config_dict(); returns its path."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.json")
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(transformers5_config_dict(config), file, indent=2, sort_keys=True)
-        file.write("\n")
-    return path
 
 
 # Initialization, as transformers' ModernBERT _init_weights: runs here train from random weights.
@@ -315,12 +183,129 @@ def rotary_tables(theta, head_size, length):
     return tf.cos(angles), tf.sin(angles)
 
 
+# The attention. At the lengths the recipe trains (128 tokens) a layer scores every query against
+# every key at once, the fastest way there. Past a length measured on the CPU (BENCHMARKS.md,
+# "ModernBERT at long sequences") no tensor of sequence x sequence is made: a local layer attends
+# block by block, a global one chunk of queries by chunk, recomputed in the backward pass, so that
+# training memory grows with the length, not its square. The path is chosen from the static length
+# the layer is traced with (fixed by run_mlm.py's shards); an unknown length takes the dense path.
+
+# The longest sequence attended densely, by a layer of either type. Measured on the CPU (one layer's
+# attention, forward and backward, the same tokens at each length): a local layer's blocks are
+# faster from 1,024 tokens; a global layer's chunks cost 1.2x to 1.4x the dense path up to 4,096
+# (each chunk's scores computed twice), which past 512 buys memory that grows with the length.
+DENSE_ATTENTION_UP_TO = 512
+# Queries a global layer scores at once past it: scores [batch, heads, 256, length] a chunk
+GLOBAL_QUERY_CHUNK = 256
+
+
+def attend(query, key, value, bias, dropout):
+    """softmax(query key^T / sqrt(head size) + bias) value over the last two axes: the scores in
+    the compute dtype, the softmax in float32 (bfloat16 has too few bits for the mask's large
+    negative value), `dropout` on the probabilities."""
+    scores = tf.matmul(query, key, transpose_b=True) * tf.cast(query.shape[-1] ** -0.5, query.dtype)
+    probabilities = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
+    return tf.matmul(dropout(tf.cast(probabilities, value.dtype)), value)
+
+
+def dense_bias(attention_mask, length, half_window):
+    """An additive float32 mask [batch, 1, length or 1, length]: 0 where a query may attend,
+    float32's lowest value where not. A query attends to the unpadded keys; in a local layer
+    (`half_window` not None) only to those at most `half_window` positions away (transformers 5's
+    sliding window, and-ed with the padding). A query with no key left (padding far from any token)
+    gets the uniform average of all values, as in transformers 5's eager attention."""
+    allowed = tf.cast(attention_mask, tf.bool)[:, None, None, :]
+    if half_window is not None:
+        positions = tf.range(length)
+        band = tf.abs(positions[:, None] - positions[None, :]) <= half_window
+        allowed = allowed & band[None, None]
+    return tf.where(allowed, 0.0, tf.float32.min)
+
+
+def local_attention_in_blocks(query, key, value, attention_mask, half_window, dropout):
+    """A local layer's attention in O(length x window), equal to attend() with dense_bias().
+
+    The sequence (padded to whole blocks) is cut into blocks of `half_window` queries; a query in
+    block b sees at most `half_window` positions each side, all inside blocks b - 1, b and b + 1, so
+    each block is scored against those 3 x `half_window` keys alone: the scores are [batch, heads,
+    blocks, half_window, 3 x half_window], shapes fixed by the length (XLA, TPUs). The band and the
+    padding are masked per block; a key outside the sequence counts as padding."""
+    batch, heads, length, head_size = shape_list(query)
+    block = max(half_window, 1)
+    blocks = -(-length // block)
+    end = blocks * block - length
+
+    def neighbourhoods(tensor):
+        """[..., (blocks + 2) x block, ...] (a block of padding each side) to [..., blocks, 3 x
+        block, ...]: each block's own keys and its neighbours'."""
+        shape = shape_list(tensor)
+        tensor = tf.reshape(tensor, shape[:2] + [blocks + 2, block] + shape[3:])
+        return tf.concat([tensor[:, :, :-2], tensor[:, :, 1:-1], tensor[:, :, 2:]], axis=3)
+
+    sides = [[0, 0], [0, 0], [block, end + block], [0, 0]]
+    keys, values = neighbourhoods(tf.pad(key, sides)), neighbourhoods(tf.pad(value, sides))
+    queries = tf.pad(query, [[0, 0], [0, 0], [0, end], [0, 0]])
+    queries = tf.reshape(queries, [batch, heads, blocks, block, head_size])
+    unpadded = tf.pad(tf.cast(attention_mask, tf.bool), [[0, 0], [block, end + block]])
+    unpadded = neighbourhoods(unpadded[:, None])  # [batch, 1, blocks, 3 x block]
+    # query i of a block and key j of its neighbourhood are block + i - j positions apart
+    distances = np.arange(block)[:, None] + block - np.arange(3 * block)[None, :]
+    allowed = unpadded[:, :, :, None, :] & tf.constant(np.abs(distances) <= half_window)
+    bias = tf.where(allowed, 0.0, tf.float32.min)
+    context = attend(queries, keys, values, bias, dropout)
+    context = tf.reshape(context, [batch, heads, blocks * block, head_size])[:, :, :length]
+    # a query with no key in its window: the uniform average of all values, as attend() gives it
+    # over a row masked whole (and transformers 5's eager attention)
+    has_key = tf.reshape(tf.reduce_any(allowed, axis=-1), [batch, 1, blocks * block])
+    average = tf.reduce_mean(tf.cast(value, tf.float32), axis=2, keepdims=True)
+    return tf.where(has_key[:, :, :length, None], context, tf.cast(average, context.dtype))
+
+
+def global_attention_in_chunks(query, key, value, attention_mask, dropout_rate, seed, chunk):
+    """A global layer's attention equal to attend() over the whole sequence, `chunk` queries at a
+    time (scores [batch, heads, chunk, length]), one chunk after another (a loop that XLA compiles
+    as such) and recomputed in the backward pass (tf.recompute_grad), so that neither pass holds
+    more than one chunk's scores. Each chunk sees every key at once, so the plain softmax is exact
+    and an online one (over chunks of keys too) would only add a loop. Dropout is stateless,
+    seeded per chunk from `seed`, so that the recomputation drops what the forward pass dropped."""
+    batch, heads, length, head_size = shape_list(query)
+    chunks = -(-length // chunk)
+    bias = tf.where(tf.cast(attention_mask, tf.bool), 0.0, tf.float32.min)[:, None, None, :]
+    queries = tf.pad(query, [[0, 0], [0, 0], [0, chunks * chunk - length], [0, 0]])
+    queries = tf.reshape(queries, [batch, heads, chunks, chunk, head_size])
+    seeds = tf.stack([tf.fill([chunks], seed[0]), seed[1] + tf.range(chunks)], axis=1)
+
+    def attend_chunk(elements):
+        query_chunk, chunk_seed = elements
+
+        def dropout(probabilities):
+            if not dropout_rate:
+                return probabilities
+            kept = tf.random.stateless_uniform(tf.shape(probabilities), chunk_seed) >= dropout_rate
+            scale = tf.cast(1.0 / (1.0 - dropout_rate), probabilities.dtype)
+            return tf.where(kept, probabilities * scale, tf.zeros_like(probabilities))
+
+        def chunk_context(query_chunk, key, value):
+            return attend(query_chunk, key, value, bias, dropout)
+
+        return tf.recompute_grad(chunk_context)(query_chunk, key, value)
+
+    context = tf.map_fn(
+        attend_chunk,
+        (tf.transpose(queries, [2, 0, 1, 3, 4]), seeds),
+        fn_output_signature=query.dtype,
+        parallel_iterations=1,  # one chunk's scores at a time, also in the backward loop
+    )
+    context = tf.reshape(tf.transpose(context, [1, 2, 0, 3, 4]), [batch, heads, -1, head_size])
+    return context[:, :, :length]
+
+
 class TFModernBertAttention(tf_keras.layers.Layer):
     """Self-attention over a padded batch: one Wqkv projection, RoPE on queries and keys, scores
-    plus an additive float32 mask (padding, and the band of a local layer), softmax in float32,
-    dropout on the probabilities, Wo, dropout."""
+    masked (padding, and the band of a local layer), softmax in float32, dropout on the
+    probabilities, Wo, dropout."""
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, layer_type, **kwargs):
         super().__init__(**kwargs)
         if config.hidden_size % config.num_attention_heads:
             raise ValueError(
@@ -330,6 +315,7 @@ class TFModernBertAttention(tf_keras.layers.Layer):
         self.config = config
         self.head_count = config.num_attention_heads
         self.head_size = config.hidden_size // config.num_attention_heads
+        self.half_window = sliding_window(config) if layer_type == SLIDING_ATTENTION else None
         self.Wqkv = dense(config, 3 * config.hidden_size, config.attention_bias, "in", "Wqkv")
         self.Wo = dense(config, config.hidden_size, config.attention_bias, "out", "Wo")
         self.attention_dropout = tf_keras.layers.Dropout(config.attention_dropout)
@@ -343,7 +329,7 @@ class TFModernBertAttention(tf_keras.layers.Layer):
             with tf.name_scope(projection.name):
                 projection.build([None, None, self.config.hidden_size])
 
-    def call(self, hidden_states, rotary, attention_bias, training=False):
+    def call(self, hidden_states, rotary, attention_mask, training=False):
         batch, length = shape_list(hidden_states)[:2]
         qkv = self.Wqkv(hidden_states)
         # PyTorch's layout: [batch, length, (query, key, value), heads, head size]
@@ -351,28 +337,40 @@ class TFModernBertAttention(tf_keras.layers.Layer):
         query, key, value = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]), axis=0)
         cos, sin = rotary
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        scores = tf.matmul(query, key, transpose_b=True) * tf.cast(
-            self.head_size**-0.5, query.dtype
-        )
-        # float32: bfloat16 has too few bits for the mask's large negative value and the softmax
-        probabilities = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias, axis=-1)
-        probabilities = self.attention_dropout(
-            tf.cast(probabilities, value.dtype), training=training
-        )
-        context = tf.transpose(tf.matmul(probabilities, value), [0, 2, 1, 3])
-        context = tf.reshape(context, [batch, length, self.config.hidden_size])
+        context = self.attention(query, key, value, attention_mask, training)
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, -1])
         return self.output_dropout(self.Wo(context), training=training)
+
+    def attention(self, query, key, value, attention_mask, training):
+        """The context [batch, heads, length, head size] by the path that suits the length."""
+
+        def dropout(probabilities):
+            return self.attention_dropout(probabilities, training=training)
+
+        length = query.shape[2]
+        if length is None or length <= DENSE_ATTENTION_UP_TO:
+            bias = dense_bias(attention_mask, shape_list(query)[2], self.half_window)
+            return attend(query, key, value, bias, dropout)
+        if self.half_window is not None:
+            return local_attention_in_blocks(
+                query, key, value, attention_mask, self.half_window, dropout
+            )
+        rate = self.config.attention_dropout if training else 0.0
+        seed = tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32) if rate else [0, 0]
+        return global_attention_in_chunks(
+            query, key, value, attention_mask, rate, seed, GLOBAL_QUERY_CHUNK
+        )
 
 
 class TFModernBertEncoderLayer(tf_keras.layers.Layer):
     """Pre-norm: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)). Layer 0 has no attn_norm (the
     embeddings' norm precedes it), as in PyTorch, where it is an Identity without weights."""
 
-    def __init__(self, config, layer_index, **kwargs):
+    def __init__(self, config, layer_index, layer_type, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.attn_norm = layer_norm(config, "attn_norm") if layer_index else None
-        self.attn = TFModernBertAttention(config, name="attn")
+        self.attn = TFModernBertAttention(config, layer_type, name="attn")
         self.mlp_norm = layer_norm(config, "mlp_norm")
         self.mlp = TFModernBertMLP(config, name="mlp")
 
@@ -385,26 +383,10 @@ class TFModernBertEncoderLayer(tf_keras.layers.Layer):
                 with tf.name_scope(layer.name):
                     layer.build([None, None, self.config.hidden_size])
 
-    def call(self, hidden_states, rotary, attention_bias, training=False):
+    def call(self, hidden_states, rotary, attention_mask, training=False):
         normed = hidden_states if self.attn_norm is None else self.attn_norm(hidden_states)
-        hidden_states = hidden_states + self.attn(normed, rotary, attention_bias, training=training)
+        hidden_states = hidden_states + self.attn(normed, rotary, attention_mask, training=training)
         return hidden_states + self.mlp(self.mlp_norm(hidden_states), training=training)
-
-
-def attention_biases(attention_mask, length, half_window):
-    """{layer type: an additive float32 mask [batch, 1, length, length]}: 0 where a query may
-    attend, float32's lowest value where not. A query attends to the unpadded keys; in a local
-    layer only to those at most `half_window` positions away (transformers 5's sliding window is
-    |i - j| <= local_attention // 2). A query with no key left (padding far from any token) gets
-    the same uniform average as in transformers 5's eager attention."""
-    keys = tf.cast(attention_mask, tf.bool)[:, None, None, :]
-    positions = tf.range(length)
-    band = tf.abs(positions[:, None] - positions[None, :]) <= half_window
-    lowest = tf.float32.min
-    return {
-        FULL_ATTENTION: tf.where(keys, 0.0, lowest),
-        SLIDING_ATTENTION: tf.where(keys & band[None, None], 0.0, lowest),
-    }
 
 
 @keras_serializable
@@ -415,14 +397,15 @@ class TFModernBertMainLayer(tf_keras.layers.Layer):
 
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        self.config = normalize_config(config)
+        # a copy: the caller's config is left as it was given
+        self.config = config = normalize_config(copy.deepcopy(config))
         self.layer_types, self.rope_thetas = attention_layout(config)
         self.head_size = config.hidden_size // config.num_attention_heads
         self.embeddings = TFModernBertEmbeddings(config, name="embeddings")
         # "_._" becomes "." in PyTorch's names: layers_._3 is layers.3
         self.encoder_layers = [
-            TFModernBertEncoderLayer(config, index, name=f"layers_._{index}")
-            for index in range(config.num_hidden_layers)
+            TFModernBertEncoderLayer(config, index, layer_type, name=f"layers_._{index}")
+            for index, layer_type in enumerate(self.layer_types)
         ]
         self.final_norm = layer_norm(config, "final_norm")
 
@@ -456,7 +439,6 @@ class TFModernBertMainLayer(tf_keras.layers.Layer):
         batch, length = shape_list(hidden_states)[:2]
         if attention_mask is None:
             attention_mask = tf.ones([batch, length], tf.int32)
-        biases = attention_biases(attention_mask, length, self.config.local_attention // 2)
         rotary = {
             layer_type: rotary_tables(theta, self.head_size, length)
             for layer_type, theta in self.rope_thetas.items()
@@ -464,7 +446,7 @@ class TFModernBertMainLayer(tf_keras.layers.Layer):
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         for layer, layer_type in zip(self.encoder_layers, self.layer_types):
             hidden_states = layer(
-                hidden_states, rotary[layer_type], biases[layer_type], training=training
+                hidden_states, rotary[layer_type], attention_mask, training=training
             )
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
@@ -574,8 +556,14 @@ class TFModernBertLMHead(tf_keras.layers.Layer):
 
 
 class TFModernBertPreTrainedModel(TFPreTrainedModel):
+    """What the models share: their config, a copy in both spellings (modernbert_config.py), so that
+    save_pretrained() writes what transformers 4.57 and 5 read alike; the encoder's output."""
+
     config_class = ModernBertConfig
     base_model_prefix = "model"
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__(normalize_config(copy.deepcopy(config)), *inputs, **kwargs)
 
     def encode(self, input_ids, attention_mask, inputs_embeds, output_hidden_states, training):
         """The encoder's output as a ModelOutput, for the heads above it."""
@@ -611,20 +599,16 @@ class TFModernBertModel(TFModernBertPreTrainedModel):
         self,
         input_ids=None,
         attention_mask=None,
-        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
+        token_type_ids=None,
         inputs_embeds=None,
         output_hidden_states=None,
         return_dict=None,
         training=False,
     ):
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            return_dict=return_dict,
-            training=training,
+        outputs = self.encode(
+            input_ids, attention_mask, inputs_embeds, output_hidden_states, training
         )
+        return outputs if return_dict else outputs.to_tuple()
 
     def build(self, input_shape=None):
         if self.built:
@@ -654,7 +638,7 @@ class TFModernBertForMaskedLM(TFModernBertPreTrainedModel, TFMaskedLanguageModel
         self,
         input_ids=None,
         attention_mask=None,
-        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
+        token_type_ids=None,
         inputs_embeds=None,
         labels=None,
         output_hidden_states=None,
@@ -699,7 +683,7 @@ class TFModernBertForSequenceClassification(
         self,
         input_ids=None,
         attention_mask=None,
-        token_type_ids=None,  # ModernBERT has none: taken as a tokenizer gives it, and unused
+        token_type_ids=None,
         inputs_embeds=None,
         labels=None,
         output_hidden_states=None,

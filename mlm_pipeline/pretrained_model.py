@@ -16,7 +16,7 @@ import importlib.util
 import os
 import tempfile
 
-from . import architecture, contract, pytorch_weights
+from . import architecture, contract, modernbert_config, pytorch_weights
 from .contract import (
     CHECKPOINT_DIR,
     FINISHED_RUN_MARKER,
@@ -168,7 +168,7 @@ class Parent(PretrainedModel):
             )
         super().__init__(name, weights=True, trust_remote_code=trust_remote_code)
         architecture.check_masked_lm(self.config, f"{FLAG} {name}", "pass a masked LM")
-        architecture.check_local_attention(
+        modernbert_config.check_local_attention(
             self.config,
             f"{FLAG} {name}",
             "it was trained as with local_attention {even}: write that into its config.json "

@@ -96,6 +96,12 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
         assert_row(output, "the whole run", figures=5)  # steps, three times in minutes, ratio
         assert_row(output, "full length", figures=4)  # steps, the medians of both, the mean
 
+    def modernbert_long(output):
+        # length, batch, both sides' seconds, peaks and memory above imports, their ratio, local ms
+        assert_row(output, "128", figures=9)
+        assert re.search(r"Peak at 128 / at 128: TF \*\*[\d.]+x\*\*", output)
+        assert_row(output, "64", figures=6)  # the switch: each path's ms and two ratios
+
     def classifier_speed(output):
         assert_row(output, "one length (--pad_to_max_length)", figures=4)
         assert_row(output, "length buckets", figures=4)
@@ -115,6 +121,11 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             + ["--", "--limit", 64, "--per_replica_batch_size", 8, "--num_epochs", 1],
             downstream,
             pretrained["model"].parent,
+        ),
+        "modernbert_long.py": (
+            ["--lengths", 128, "--tokens", 128, "--steps", 1, "--local_steps", 1]
+            + ["--switch_lengths", 64],
+            modernbert_long,
         ),
         "tokenizer_efficiency.py": (
             ["--train_file", corpus["train"], "--validation_file", corpus["validation"]]

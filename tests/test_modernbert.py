@@ -8,11 +8,16 @@ subprocess in .venv-transformers5 (tests/transformers5_modernbert.py) does all t
 The tiny configs have global and local layers, sequences three times the local window, RoPE bases
 other than the defaults (which transformers 4.57 would fall back to when it reads a transformers 5
 config.json) and padding; one has every bias, a tied decoder and "cls" pooling, the other no bias,
-an untied decoder, "mean" pooling and a layer pattern no period describes.
+an untied decoder, "mean" pooling and a layer pattern no period describes. Each runs on both of
+the attention's paths: the dense one of short sequences, and the memory-linear one of long sequences
+(local layers block by block, global ones chunk by chunk), forced here by lowering the switch. A
+third config runs at 8,192 tokens, where the switch itself takes the memory-linear path: head size
+64, ModernBERT-base's window of 128, padding.
 """
 
 import json
 
+import modernbert_config_files as config_files
 import numpy as np
 import pytest
 from helpers import REPO, require_transformers5, run_in_transformers5
@@ -71,6 +76,33 @@ LENGTH, LENGTHS = 24, (24, 17, 5)  # the last row: padded queries with no token 
 POSITIONS = [[0, 5, 23], [1, 16, 20], [0, 4, 11]]
 # Float32 on both sides, different kernels
 RTOL, ATOL = 1e-4, 1e-4
+# The long sequence: head size 64, window 128, global, local, local; one row of 8,192 tokens whose
+# last 2,192 are padding (most of them with no token in their window)
+LONG = {
+    **SHARED,
+    "hidden_size": 64,
+    "intermediate_size": 32,
+    "num_attention_heads": 1,
+    "num_hidden_layers": 3,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "max_position_embeddings": 8192,
+}
+LONG_LENGTH, LONG_TOKENS = 8192, 6000
+PATHS = ("dense", "memory_linear")
+
+
+@pytest.fixture(params=PATHS)
+def attention_path(request, monkeypatch):
+    """The attention's path for the test: "dense", as at these short lengths, or "memory_linear",
+    forced by switching at length 0, with a global layer's query chunk of 5 (5 chunks of the 24
+    tokens, the last one padded); a local layer's blocks are its half window, 4."""
+    from mlm_pipeline import modernbert
+
+    if request.param == "memory_linear":
+        monkeypatch.setattr(modernbert, "DENSE_ATTENTION_UP_TO", 0)
+        monkeypatch.setattr(modernbert, "GLOBAL_QUERY_CHUNK", 5)
+    return request.param
 
 
 def batch():
@@ -82,6 +114,14 @@ def batch():
         input_ids[row, :length] = rng.integers(3, SHARED["vocab_size"], length)
         attention_mask[row, :length] = 1
     return input_ids, attention_mask
+
+
+def long_batch():
+    """The long sequence's ids and mask, [1, LONG_LENGTH]."""
+    rng = np.random.default_rng(1)
+    input_ids = np.zeros([1, LONG_LENGTH], np.int32)
+    input_ids[0, :LONG_TOKENS] = rng.integers(3, LONG["vocab_size"], LONG_TOKENS)
+    return input_ids, (input_ids > 0).astype(np.int32)
 
 
 def model_class(kind):
@@ -155,8 +195,6 @@ def config_folders(tmp_path_factory):
     defaults, layer_types and rope_parameters kept as plain attributes)."""
     from transformers import ModernBertConfig
 
-    from mlm_pipeline import modernbert
-
     root = tmp_path_factory.mktemp("configs")
     ModernBertConfig(**CONFIGS["biases"]).save_pretrained(str(root / "legacy"))
     stale = ModernBertConfig(
@@ -166,24 +204,35 @@ def config_folders(tmp_path_factory):
             SLIDING: {"rope_type": "default", "rope_theta": 25.0},
         },
     )
-    modernbert.save_transformers5_config(stale, str(root / "writer"))
+    config_files.save_transformers5_config(stale, str(root / "writer"))
     return {"legacy": root / "legacy", "writer": root / "writer"}
 
 
 @pytest.fixture(scope="module")
 def transformers5(transformers5_python, exported, config_folders, tmp_path_factory):
-    """transformers 5's report, and {(config name, kind): the folder of the PyTorch model it made};
-    one subprocess for both directions."""
+    """transformers 5's report, and {(config name, kind): the folder of the PyTorch model it made},
+    the long masked LM's as ("long", "masked_lm"); one subprocess for both directions."""
     root = tmp_path_factory.mktemp("from-pytorch")
     built = {(name, kind): root / f"{name}-{kind}" for name in CONFIGS for kind in KINDS}
     input_ids, attention_mask = batch()
+    long_ids, long_mask = long_batch()
+    built["long", "masked_lm"] = root / "long-masked_lm"
+    long_entry = {
+        "folder": str(built["long", "masked_lm"]),
+        "kind": "masked_lm",
+        "config": LONG,
+        "seed": len(built),
+        "input_ids": long_ids.tolist(),
+        "attention_mask": long_mask.tolist(),
+    }
     request = {
         "input_ids": input_ids.tolist(),
         "attention_mask": attention_mask.tolist(),
         "build": [
-            {"folder": str(folder), "kind": kind, "config": CONFIGS[name], "seed": seed}
-            for seed, ((name, kind), folder) in enumerate(built.items())
-        ],
+            {"folder": str(built[name, kind]), "kind": kind, "config": CONFIGS[name], "seed": seed}
+            for seed, (name, kind) in enumerate((n, k) for n in CONFIGS for k in KINDS)
+        ]
+        + [long_entry],
         "load": [
             {"folder": str(folder), "kind": kind} for (_, kind), (_, folder, _) in exported.items()
         ],
@@ -232,7 +281,7 @@ def test_transformers5_versions(transformers5):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_imported_masked_lm_matches_pytorch(name, transformers5):
+def test_imported_masked_lm_matches_pytorch(name, transformers5, attention_path):
     import tensorflow as tf
 
     _, built = transformers5
@@ -298,7 +347,7 @@ def test_imported_encoder_matches_pytorch(name, transformers5):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_imported_classifier_matches_pytorch(name, transformers5):
+def test_imported_classifier_matches_pytorch(name, transformers5, attention_path):
     _, built = transformers5
     folder = built[name, "classifier"]
     model = imported_model("classifier", folder)
@@ -388,7 +437,7 @@ def test_xla_matches_eager(name, exported):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_mixed_bfloat16_runs_close_to_float32(kind, exported):
+def test_mixed_bfloat16_runs_close_to_float32(kind, exported, attention_path):
     import tensorflow as tf
     import tf_keras
 
@@ -412,13 +461,182 @@ def test_mixed_bfloat16_runs_close_to_float32(kind, exported):
     np.testing.assert_allclose(found, logits, atol=0.05 * scale)
 
 
+def test_8192_tokens_match_pytorch(transformers5):
+    """At 8,192 tokens (head size 64, window 128, the last 2,192 padding) the switch takes the
+    memory-linear path for both layer types, and the logits are transformers 5's, eager and under
+    XLA; no tensor the traced forward and backward passes make is near sequence x sequence."""
+    import tensorflow as tf
+
+    from mlm_pipeline import modernbert
+
+    assert LONG_LENGTH > modernbert.DENSE_ATTENTION_UP_TO
+    _, built = transformers5
+    folder = built["long", "masked_lm"]
+    model = imported_model("masked_lm", folder)
+    input_ids, attention_mask = long_batch()
+    expected = pytorch_logits(folder)
+    found = model(input_ids=input_ids, attention_mask=attention_mask).logits.numpy()
+    np.testing.assert_allclose(found, expected, rtol=RTOL, atol=ATOL)
+
+    @tf.function(jit_compile=True)
+    def jitted(input_ids, attention_mask):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    found = jitted(tf.constant(input_ids), tf.constant(attention_mask)).numpy()
+    np.testing.assert_allclose(found, expected, rtol=RTOL, atol=ATOL)
+
+    @tf.function
+    def training_step(input_ids, attention_mask):
+        with tf.GradientTape() as tape:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, training=True)
+            loss = tf.reduce_mean(logits.logits)
+        return tape.gradient(loss, model.trainable_weights)
+
+    spec = tf.TensorSpec([1, LONG_LENGTH], tf.int32)
+    graph = training_step.get_concrete_function(spec, spec).graph
+    largest = max(
+        output.shape.num_elements() or 0
+        for operation in graph.get_operations()
+        for output in operation.outputs
+    )
+    # a global chunk's scores are 256 x 8,192; a dense layer's would be 8,192 x 8,192
+    assert largest < LONG_LENGTH**2 // 8, largest
+
+
+def random_attention_inputs(rng, lengths, length, heads=2, head_size=8):
+    """Queries, keys, values [len(lengths), heads, length, head size] and a padding mask."""
+    import tensorflow as tf
+
+    shape = [len(lengths), heads, length, head_size]
+    tensors = [tf.constant(rng.standard_normal(shape).astype(np.float32)) for _ in range(3)]
+    mask = (np.arange(length)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+    return tensors, mask
+
+
+@pytest.mark.parametrize("jit_compile", (False, True))
+def test_memory_linear_paths_equal_dense(jit_compile):
+    """Blocks of a local layer and query chunks of a global one give the dense attention's output
+    and gradients, at lengths that are no multiple of a block or a chunk, and windows wider than
+    the sequence; eager and under XLA. A query with no key in its window (padding far from any
+    token) gets the average of all values, as from the dense path; the gradients are compared where
+    every query has a key (the dense path also sends gradient through a softmax masked whole)."""
+    import tensorflow as tf
+
+    from mlm_pipeline import modernbert
+
+    def unchanged(probabilities):
+        return probabilities
+
+    @tf.function(jit_compile=jit_compile)
+    def both_paths(query, key, value, mask, weights, half_window, chunk):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([query, key, value])
+            local_bias = modernbert.dense_bias(mask, query.shape[2], half_window)
+            global_bias = modernbert.dense_bias(mask, query.shape[2], None)
+            contexts = [
+                modernbert.attend(query, key, value, local_bias, unchanged),
+                modernbert.local_attention_in_blocks(
+                    query, key, value, mask, half_window, unchanged
+                ),
+                modernbert.attend(query, key, value, global_bias, unchanged),
+                modernbert.global_attention_in_chunks(query, key, value, mask, 0.0, [0, 0], chunk),
+            ]
+            losses = [tf.reduce_sum(context * weights) for context in contexts]
+        gradients = [tape.gradient(loss, [query, key, value]) for loss in losses]
+        return contexts, gradients
+
+    cases = [
+        ((100, 40), 100, 7, 32, False),
+        ((100, 95), 100, 7, 32, True),
+        ((24, 17, 5), 24, 4, 5, False),
+        ((24, 21, 22), 24, 4, 7, True),
+        ((10,), 10, 64, 4, True),  # a window wider than the sequence: one block
+        ((30, 20), 30, 0, 64, False),  # each token its own only
+    ]
+    rng = np.random.default_rng(0)
+    # XLA compiles each case anew: two of them show it the same
+    for lengths, length, half_window, chunk, every_query_has_a_key in cases[
+        : 2 if jit_compile else None
+    ]:
+        (query, key, value), mask = random_attention_inputs(rng, lengths, length)
+        weights = tf.constant(rng.standard_normal(query.shape).astype(np.float32))
+        contexts, gradients = both_paths(query, key, value, mask, weights, half_window, chunk)
+        case = (lengths, half_window, chunk)
+        for dense, memory_linear in (contexts[:2], contexts[2:]):
+            np.testing.assert_allclose(memory_linear, dense, atol=1e-6, err_msg=str(case))
+        pairs = [gradients[2:]] + ([gradients[:2]] if every_query_has_a_key else [])
+        for dense, memory_linear in pairs:
+            for wanted, found in zip(dense, memory_linear):
+                np.testing.assert_allclose(found, wanted, atol=1e-5, err_msg=str(case))
+
+
+def test_global_chunks_recompute_their_dropout():
+    """Dropout in a chunked global layer is drawn from the chunk's seed, so the backward pass's
+    recomputation drops what the forward pass dropped: the gradients are those of the same chunks
+    attended without recomputation, with the same masks."""
+    import tensorflow as tf
+
+    from mlm_pipeline import modernbert
+
+    rng = np.random.default_rng(2)
+    (query, key, value), mask = random_attention_inputs(rng, (20, 13), 20)
+    rate, seed, chunk = 0.4, tf.constant([7, 11]), 8
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([query, key, value])
+        found = modernbert.global_attention_in_chunks(query, key, value, mask, rate, seed, chunk)
+        bias = modernbert.dense_bias(mask, 20, None)
+        padded = tf.pad(query, [[0, 0], [0, 0], [0, 4], [0, 0]])
+        expected = []
+        for index in range(3):
+            chunk_seed = tf.stack([seed[0], seed[1] + index])
+
+            def dropout(probabilities, chunk_seed=chunk_seed):
+                kept = tf.random.stateless_uniform(tf.shape(probabilities), chunk_seed) >= rate
+                return tf.where(kept, probabilities / (1 - rate), 0.0)
+
+            rows = padded[:, :, index * chunk : (index + 1) * chunk]
+            expected.append(modernbert.attend(rows, key, value, bias, dropout))
+        expected = tf.concat(expected, axis=2)[:, :, :20]
+        loss_found, loss_expected = tf.reduce_sum(found**2), tf.reduce_sum(expected**2)
+    np.testing.assert_allclose(found, expected, atol=1e-6)
+    undropped = modernbert.global_attention_in_chunks(query, key, value, mask, 0.0, seed, chunk)
+    assert np.abs(found - undropped).max() > 1e-2  # the dropout did drop
+    for wanted, got in zip(
+        tape.gradient(loss_expected, [query, key, value]),
+        tape.gradient(loss_found, [query, key, value]),
+    ):
+        np.testing.assert_allclose(got, wanted, atol=1e-5)
+
+
+def test_models_leave_their_callers_config_alone():
+    """A model reads a copy of its config in both spellings; the config it was given is unchanged
+    (a transformers 5 layout, its 4.57 thetas stale, stays so)."""
+    from transformers import ModernBertConfig
+
+    from mlm_pipeline import modernbert
+
+    config = ModernBertConfig(
+        **{k: v for k, v in CONFIGS["no_biases"].items() if not k.endswith("rope_theta")},
+        rope_parameters={
+            FULL: {"rope_type": "default", "rope_theta": 500.0},
+            SLIDING: {"rope_type": "default", "rope_theta": 25.0},
+        },
+    )
+    before = config.to_dict()
+    model = modernbert.TFModernBertForMaskedLM(config)
+    assert config.to_dict() == before and config.global_rope_theta == 160000.0
+    for read in (model.config, model.model.config):
+        assert (read.global_rope_theta, read.local_rope_theta) == (500.0, 25.0)
+    assert model.model.rope_thetas == {FULL: 500.0, SLIDING: 25.0}
+
+
 def test_transformers5_config_reads_right_in_transformers457(transformers5):
     """A config.json saved by transformers 5 holds layer_types and rope_parameters, not
     global_rope_theta and local_rope_theta: transformers 4.57 reads its own defaults for those.
     config_from_dict() (and every model, when built) takes what transformers 5 reads."""
     from transformers import AutoConfig
 
-    from mlm_pipeline import modernbert
+    from mlm_pipeline import modernbert, modernbert_config
 
     report, built = transformers5
     for name in CONFIGS:
@@ -428,8 +646,8 @@ def test_transformers5_config_reads_right_in_transformers457(transformers5):
         reading = report["build"][str(folder)]
         plain = AutoConfig.from_pretrained(str(folder))
         assert (plain.global_rope_theta, plain.local_rope_theta) == (160000.0, 10000.0)
-        for config in (modernbert.config_from_dict(saved), modernbert.load_config(folder)):
-            layer_types, thetas = modernbert.attention_layout(config)
+        for config in (config_files.config_from_dict(saved), config_files.load_config(folder)):
+            layer_types, thetas = modernbert_config.attention_layout(config)
             assert layer_types == reading["layer_types"]
             assert thetas == reading["rope_thetas"]
             assert config.global_rope_theta == CONFIGS[name]["global_rope_theta"]
@@ -450,7 +668,7 @@ def test_transformers457_config_reads_right_in_transformers5(
     4.57 fields) means the same to transformers 5."""
     from transformers import ModernBertConfig
 
-    from mlm_pipeline import modernbert
+    from mlm_pipeline import modernbert_config
 
     report, _ = transformers5
     cases = [(model.config, report["load"][str(folder)]) for model, folder, _ in exported.values()]
@@ -462,7 +680,7 @@ def test_transformers457_config_reads_right_in_transformers5(
         (ModernBertConfig(**CONFIGS["no_biases"]), report["configs"][str(config_folders["writer"])])
     )
     for config, reading in cases:
-        layer_types, thetas = modernbert.attention_layout(config)
+        layer_types, thetas = modernbert_config.attention_layout(config)
         assert reading["layer_types"] == layer_types
         assert reading["rope_thetas"] == thetas
         assert reading["local_attention"] == config.local_attention
@@ -472,7 +690,7 @@ def test_transformers457_config_reads_right_in_transformers5(
 def test_dropout_only_when_training(exported):
     """Each dropout (embedding, attention, MLP, classifier) is off at training=False, where the
     model gives the dropout-free logits, and on at training=True."""
-    from mlm_pipeline import modernbert
+    from mlm_pipeline import modernbert_config
 
     for kind, rate_name in (
         ("masked_lm", "embedding_dropout"),
@@ -482,7 +700,7 @@ def test_dropout_only_when_training(exported):
     ):
         model, _, logits = exported["biases", kind]
         config = model.config.__class__.from_dict({**model.config.to_dict(), rate_name: 0.5})
-        dropping = model_class(kind)(modernbert.normalize_config(config))
+        dropping = model_class(kind)(modernbert_config.normalize_config(config))
         dropping.build_in_name_scope()
         dropping.set_weights(model.get_weights())
         np.testing.assert_allclose(logits_of(dropping), logits, rtol=1e-6, atol=1e-6)
@@ -560,7 +778,7 @@ def test_configs_it_cannot_run_are_refused():
     model that differs from transformers 5's without a word."""
     from transformers import ModernBertConfig
 
-    from mlm_pipeline import modernbert
+    from mlm_pipeline import modernbert, modernbert_config
 
     scaled = ModernBertConfig(
         **CONFIGS["biases"],
@@ -571,24 +789,24 @@ def test_configs_it_cannot_run_are_refused():
     short = ModernBertConfig(**{**CONFIGS["no_biases"], "layer_types": [FULL, SLIDING]})
     with pytest.raises(ValueError, match="2 layer_types for 5 layers"):
         modernbert.TFModernBertModel(short)
-    assert modernbert.global_layer_period([FULL, SLIDING, SLIDING, FULL]) == 3
-    assert modernbert.global_layer_period([FULL, FULL], preferred=1) == 1
-    assert modernbert.global_layer_period([FULL, SLIDING, FULL, FULL, SLIDING]) is None
+    assert modernbert_config.global_layer_period([FULL, SLIDING, SLIDING, FULL]) == 3
+    assert modernbert_config.global_layer_period([FULL, FULL], preferred=1) == 1
+    assert modernbert_config.global_layer_period([FULL, SLIDING, FULL, FULL, SLIDING]) is None
 
 
 def test_legacy_layout_after_a_change(transformers5):
     """A config read from a transformers 5 file, then changed through the 4.57 fields (as
     --config_overrides would): use_legacy_layout() lets the change count."""
-    from mlm_pipeline import modernbert
+    from mlm_pipeline import modernbert_config
 
     _, built = transformers5
-    config = modernbert.load_config(built["biases", "masked_lm"])
+    config = config_files.load_config(built["biases", "masked_lm"])
     config.global_rope_theta, config.num_hidden_layers = 7.0, 7
     config.global_attn_every_n_layers = 2
     with pytest.raises(ValueError, match="4 layer_types for 7 layers"):
-        modernbert.attention_layout(config)
-    modernbert.use_legacy_layout(config)
-    layer_types, thetas = modernbert.attention_layout(config)
+        modernbert_config.attention_layout(config)
+    modernbert_config.use_legacy_layout(config)
+    layer_types, thetas = modernbert_config.attention_layout(config)
     assert layer_types == [FULL, SLIDING, FULL, SLIDING, FULL, SLIDING, FULL]
     assert thetas == {FULL: 7.0, SLIDING: CONFIGS["biases"]["local_rope_theta"]}
     assert "layer_types" not in config.to_dict()

@@ -851,9 +851,8 @@ def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp
     id (pad, cls, sep, mask, bos and eos) come from the tokenizer, not from
     ModernBERT-base's ids in ModernBertConfig's defaults, in the config the run saves and in the
     one its PyTorch copy writes for transformers 5."""
+    from modernbert_config_files import transformers5_config_dict
     from transformers import ModernBertConfig
-
-    from mlm_pipeline import modernbert
 
     path = write_config(tmp_path, **MODERNBERT_CONFIG)
     argv = ["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"]
@@ -874,7 +873,7 @@ def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp
         "[CLS]",  # train_unigram.py's bos and eos are its [CLS] and [SEP]
         "[SEP]",
     ]
-    for written in (config.to_dict(), modernbert.transformers5_config_dict(config)):
+    for written in (config.to_dict(), transformers5_config_dict(config)):
         assert {key: written[key] for key in expected} == expected
     assert all(expected[key] != getattr(defaults, key, None) for key in expected)
     assert config.local_attention == 8 and config.num_hidden_layers == 4

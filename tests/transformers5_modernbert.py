@@ -13,7 +13,8 @@ request.json holds
 - "build": [{"folder", "kind" ("masked_lm" or "classifier"), "config" (ModernBertConfig keyword
   arguments), "seed"}]: a random model is made with the seed, every weight moved off its
   initial value (so that biases and norm weights, initialized to 0 and 1, are checked too), and
-  saved with save_pretrained (model.safetensors, config.json);
+  saved with save_pretrained (model.safetensors, config.json); an entry with "input_ids" and
+  "attention_mask" of its own is run on those in place of the shared batch (a long sequence);
 - "load": [{"folder", "kind"}]: a folder the TF side wrote, loaded with AutoModelFor...;
 - "configs": [folder]: config.json files to read only;
 - "losses": [{"folder", "batches"}]: a masked LM folder loaded with AutoModelForMaskedLM, and an
@@ -68,6 +69,15 @@ def save_outputs(model, folder, batch):
         np.save(f"{folder}/transformers5_hidden.npy", outputs.hidden_states[-1].float().numpy())
 
 
+def own_batch(entry, batch):
+    """The entry's own batch if it has one, else the shared one."""
+    import torch
+
+    if "input_ids" not in entry:
+        return batch
+    return {name: torch.tensor(entry[name]) for name in ("input_ids", "attention_mask")}
+
+
 def build(entry, batch):
     import torch
     from transformers import ModernBertConfig
@@ -79,7 +89,7 @@ def build(entry, batch):
         for parameter in model.parameters():  # tied ones once: parameters() skips repeats
             parameter.add_(0.05 * torch.randn_like(parameter))
     model.save_pretrained(entry["folder"])
-    save_outputs(model, entry["folder"], batch)
+    save_outputs(model, entry["folder"], own_batch(entry, batch))
     return {"model_class": type(model).__name__, **config_reading(model.config)}
 
 
