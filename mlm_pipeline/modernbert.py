@@ -307,12 +307,7 @@ class TFModernBertAttention(tf_keras.layers.Layer):
 
     def __init__(self, config, layer_type, **kwargs):
         super().__init__(**kwargs)
-        if config.hidden_size % config.num_attention_heads:
-            raise ValueError(
-                f"the hidden size ({config.hidden_size}) is not a multiple of the number of "
-                f"attention heads ({config.num_attention_heads})"
-            )
-        self.config = config
+        self.config = config  # its hidden size divides into heads: architecture.load_config checks
         self.head_count = config.num_attention_heads
         self.head_size = config.hidden_size // config.num_attention_heads
         self.half_window = sliding_window(config) if layer_type == SLIDING_ATTENTION else None
