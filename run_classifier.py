@@ -163,33 +163,13 @@ class Training:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hardware:
-    """Where the steps run: a TPU, else the GPUs or the CPU (one machine, the CPU unsplit)."""
-
-    tpu_name: str = setting(
-        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8); "
-        "any other name (a pod slice, a TPU node) is refused: not supported",
-        "local",
-    )
-    tpu_zone: Optional[str] = setting("a TPU node's zone: refused, TPU nodes are not supported")
-    gcp_project: Optional[str] = setting(
-        "a TPU node's project: refused, TPU nodes are not supported"
-    )
-    no_tpu: bool = setting("train on the GPUs, or the CPU when there are none", False)
-    # not flags of this script (class attributes, no fields): one machine, the CPU unsplit, as
-    # hosts.build_strategy reads them
-    multi_worker = False
-    cpu_replicas = 1
-
-
-@dataclasses.dataclass(frozen=True)
 class Settings:
     """Every group of run_classifier.py's settings, named as its --help group."""
 
     model: Model
     data: Data
     training: Training
-    hardware: Hardware
+    hardware: hosts.Hardware
 
 
 def parse_args(argv=None):

@@ -322,19 +322,9 @@ class Output:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hardware:
+class Hardware(hosts.Hardware):
     """Where the steps run: a TPU, else GPUs, a cluster of machines or the CPU."""
 
-    tpu_name: str = setting(
-        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8). "
-        "Any other name (a pod slice, a TPU node) is refused: not supported.",
-        "local",
-    )
-    tpu_zone: Optional[str] = setting("A TPU node's zone: refused, TPU nodes are not supported.")
-    gcp_project: Optional[str] = setting(
-        "A TPU node's project: refused, TPU nodes are not supported."
-    )
-    no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
     multi_worker: bool = setting("Train on the machines TF_CONFIG lists (implies --no_tpu).", False)
     cpu_replicas: int = setting(
         "Split the CPU into this many replicas, to rehearse a TPU's (with --no_tpu).",

@@ -11,15 +11,37 @@ writes the output.
 import dataclasses
 import json
 import os
+from typing import Optional
 
 from . import tpu_runtime
 from .errors import UsageError
+from .settings import setting
 from .tf_startup import installed_as_tpu_build, tensorflow_startup_log_held_back
 
 TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
     '"task": {"type": "worker", "index": 0}}'
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Where the steps run: the TPU of this TPU VM, else the GPUs or the CPU."""
+
+    tpu_name: str = setting(
+        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8). "
+        "Any other name (a pod slice, a TPU node) is refused: not supported.",
+        "local",
+    )
+    tpu_zone: Optional[str] = setting("A TPU node's zone: refused, TPU nodes are not supported.")
+    gcp_project: Optional[str] = setting(
+        "A TPU node's project: refused, TPU nodes are not supported."
+    )
+    no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
+    # One machine, its CPU unsplit: class attributes, not flags, unless a script's group declares
+    # them (run_mlm.py's --multi_worker and --cpu_replicas).
+    multi_worker = False
+    cpu_replicas = 1
 
 
 def multi_worker_resolver():

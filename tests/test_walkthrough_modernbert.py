@@ -28,11 +28,13 @@ MODERNBERT_HEADING = "## ModernBERT"
 def test_the_modernbert_walkthrough_runs_as_written(gcs, tmp_path):  # noqa: F811 (the fixture)
     """ModernBERT-base as a tiny stand-in of its kind (transformers 5 made it: PyTorch safetensors,
     byte-level BPE with [MASK], local and global layers, 64 positions), in the Hugging Face cache:
-    continued, then its architecture from random weights, then fine-tuned."""
+    measured by the preflight, continued, then its architecture from random weights, then
+    fine-tuned."""
     commands = walkthrough_commands(MODERNBERT_HEADING)
     assert [script for script, _ in commands] == [
         "prepare_tfrecord_shards.py",
         "prepare_tfrecord_shards.py",
+        "run_mlm.py",  # the preflight, which writes nothing
         "run_mlm.py",
         "run_mlm.py",
         "run_classifier.py",
