@@ -77,7 +77,7 @@ def main(args):
     report = run_mlm.main(run_mlm.parse_args([*flags, "--preflight"]))
     preflight_minutes = (time.perf_counter() - started) / 60
 
-    clock = training_clock(run_mlm.parse_args(flags).steps_per_execution)
+    clock = training_clock(run_mlm.parse_args(flags).speed.steps_per_execution)
     started = time.perf_counter()
     run_mlm.main(run_mlm.parse_args(flags), callbacks=[clock])
     real_minutes = (time.perf_counter() - started) / 60

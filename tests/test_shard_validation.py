@@ -51,18 +51,15 @@ def test_the_checks_before_training_look_each_shard_up_once(shards_dir, tokenize
     shard (made many at a time), and no shard is also asked whether it exists."""
     import tensorflow as tf
 
-    from mlm_pipeline import shard_checks
+    from mlm_pipeline import contract, shard_checks
 
     looked_up = []
     stat, exists = tf.io.gfile.stat, tf.io.gfile.exists
     monkeypatch.setattr(tf.io.gfile, "stat", lambda path: looked_up.append(path) or stat(path))
     monkeypatch.setattr(tf.io.gfile, "exists", lambda path: looked_up.append(path) or exists(path))
+    named = contract.NamedTokenizer(tokenizer, "tok", "--tokenizer tok")
     train, evaluation = shard_checks.read_training_manifests(
-        str(shards_dir / "train"),
-        str(shards_dir / "validation"),
-        tokenizer,
-        "tok",
-        "--tokenizer tok",
+        str(shards_dir / "train"), str(shards_dir / "validation"), named
     )
     shards = [*train["files"], *evaluation["files"]]
     assert len(train["files"]) > 1
