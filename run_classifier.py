@@ -39,6 +39,7 @@ from mlm_pipeline import (
     hub,
     labelled_data,
     model_folder,
+    preflight,
     segments,
     tf_startup,
     tpu_runtime,
@@ -402,8 +403,6 @@ def main(settings, callbacks=()):
     )
 
     if training.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
-        from mlm_pipeline import preflight
-
         batches = (
             train_dataset,
             total_steps,

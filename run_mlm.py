@@ -37,6 +37,7 @@ from mlm_pipeline import (
     hub,
     metrics,
     model_folder,
+    preflight,
     segments,
     shard_checks,
     tf_startup,
@@ -892,8 +893,6 @@ def main(settings, callbacks=()):
     save = functools.partial(model_folder.save_model, **saving)
     schedule = training_run.Schedule(train_plan, total_steps, short_steps, evaluation)
     if steps.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
-        from mlm_pipeline import preflight
-
         return preflight.preflight_masked_lm(
             trainer, settings, schedule, max_length, train_dataset_from, eval_dataset, eval_batches
         )
