@@ -403,12 +403,8 @@ def main(settings, callbacks=()):
     )
 
     if training.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
-        batches = (
-            train_dataset,
-            total_steps,
-            eval_dataset,
-            -(-len(validation) // global_batch_size),
-        )
+        eval_batches = -(-len(validation) // global_batch_size)  # padded to whole batches
+        batches = (train_dataset, total_steps, eval_dataset, eval_batches)
         return preflight.preflight_classifier(
             classifier, training, batches, max_length, bucket_lengths
         )
