@@ -9,6 +9,9 @@ modernbert.py switches from the dense path to the memory-linear one.
 Each length runs in a fresh child process per side, so each peak (the kernel's count of the child's
 resident memory, ru_maxrss, which sees TensorFlow's allocations that tracemalloc does not) is that
 step's and the imports' alone; "above imports" subtracts the peak reached before the model was made.
+"TF tensors at their peak" is TensorFlow's allocator's own count, from get_memory_info: the most its
+tensors held at once (weights, the activations kept for the backward pass, gradients), without the
+runtime around them. PyTorch keeps no such count on the CPU.
 The PyTorch side runs in .venv-transformers5 (transformers 5 has no TF models), built from the same
 config: hidden 128, 2 heads of 64, 3 layers (global, local, local), window 128, GeGLU 256 wide, a
 1,024-token vocabulary, the loss at every position. Times are the median of --steps steps after one
@@ -93,6 +96,8 @@ def tf_child(length, batch, steps, local_steps):
 
     seconds = median_seconds(lambda: train_step(), steps)
     peak = peak_mib()
+    # TensorFlow's allocator's own peak: the tensors alone, without the runtime around them
+    tensors = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
 
     layer = modernbert.TFModernBertEncoderLayer(config, 1, modernbert.SLIDING_ATTENTION)
     rotary = modernbert.rotary_tables(config.local_rope_theta, 64, length)
@@ -108,7 +113,7 @@ def tf_child(length, batch, steps, local_steps):
         return tape.gradient(loss, [hidden, *layer.trainable_weights])
 
     local = median_seconds(lambda: local_step(), local_steps)
-    return {"seconds": seconds, "peak": peak, "imports": imports, "local": local}
+    return dict(seconds=seconds, peak=peak, imports=imports, tensors=tensors, local=local)
 
 
 def torch_child(length, batch, steps, local_steps=None):
@@ -202,7 +207,11 @@ def parse_args(argv=None):
         help="Timed steps of the local layer alone (short ones: more steps steady the median).",
     )
     parser.add_argument(
-        "--switch_lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096]
+        "--switch_lengths",
+        type=int,
+        nargs="*",
+        default=[128, 256, 512, 1024, 2048, 4096],
+        help="Lengths of the switch table (one layer's attention on each path); none: no table.",
     )
     parser.add_argument(
         "--transformers5_python",
@@ -259,6 +268,7 @@ def main(args):
                 f"{torch_side['seconds']:.2f}",
                 f"{tf_side['peak']:,.0f}",
                 f"{tf_side['peak'] - tf_side['imports']:,.0f}",
+                f"{tf_side['tensors']:,.0f}",
                 f"{torch_side['peak']:,.0f}",
                 f"{torch_side['peak'] - torch_side['imports']:,.0f}",
                 f"{tf_side['peak'] / torch_side['peak']:.2f}x",
@@ -272,6 +282,7 @@ def main(args):
         "transformers 5 s a step",
         "TF peak MiB",
         "above imports",
+        "TF tensors at their peak",
         "transformers 5 peak MiB",
         "above imports",
         "TF / 5 peak",
@@ -290,6 +301,8 @@ def main(args):
         f"TF local layer's time a token at {args.lengths[-1]:,} / at {flat_from:,}: "
         f"**{local:.2f}x**\n"
     )
+    if not args.switch_lengths:
+        return
     switch = run_child(
         sys.executable,
         "--child",
