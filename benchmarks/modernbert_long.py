@@ -72,7 +72,7 @@ def median_seconds(step, steps):
     return statistics.median(seconds)
 
 
-def tf_child(length, batch, steps, local_steps):
+def tf_child(length, batch, steps, local_steps, layers):
     """{seconds, peak, imports} of the TF masked LM's training step, and the local layer's."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, str(REPO))
@@ -83,7 +83,9 @@ def tf_child(length, batch, steps, local_steps):
     from mlm_pipeline import modernbert
 
     imports = peak_mib()
-    config = ModernBertConfig(**CONFIG, max_position_embeddings=length)
+    config = ModernBertConfig(
+        **{**CONFIG, "num_hidden_layers": layers}, max_position_embeddings=length
+    )
     model = modernbert.TFModernBertForMaskedLM(config)
     optimizer = tf_keras.optimizers.SGD(1e-3)
     ids = tf.constant(random_ids(batch, length), tf.int32)
@@ -116,13 +118,15 @@ def tf_child(length, batch, steps, local_steps):
     return dict(seconds=seconds, peak=peak, imports=imports, tensors=tensors, local=local)
 
 
-def torch_child(length, batch, steps, local_steps=None):
+def torch_child(length, batch, steps, local_steps, layers):
     """{seconds, peak, imports} of transformers 5's ModernBertForMaskedLM's training step."""
     import torch
     from transformers import AutoModelForMaskedLM, ModernBertConfig
 
     imports = peak_mib()
-    config = ModernBertConfig(**CONFIG, max_position_embeddings=length)
+    config = ModernBertConfig(
+        **{**CONFIG, "num_hidden_layers": layers}, max_position_embeddings=length
+    )
     model = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -199,6 +203,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--tokens", type=int, default=8192, help="Tokens a step: batch x length.")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=CONFIG["num_hidden_layers"],
+        help="The model's layers, every third global from the first (1: one global layer).",
+    )
     parser.add_argument("--steps", type=int, default=3, help="Timed steps after the first.")
     parser.add_argument(
         "--local_steps",
@@ -226,6 +236,8 @@ def parse_args(argv=None):
 def check_args(args):
     from mlm_pipeline.errors import UsageError
 
+    if args.layers < 1:
+        raise UsageError(f"--layers {args.layers}: a model has at least one layer; pass 1 or more.")
     for length in args.lengths:
         if length <= 0 or args.tokens % length:
             raise UsageError(
@@ -240,11 +252,11 @@ def check_args(args):
 
 
 def main(args):
+    check_args(args)  # before TensorFlow's import, whose start-up log would come before the line
     from machine import describe_machine, markdown_table
 
     from mlm_pipeline import modernbert
 
-    check_args(args)
     print(describe_machine())
     print(
         f"Switch: the layers attend densely up to {modernbert.DENSE_ATTENTION_UP_TO} tokens; past "
@@ -253,7 +265,7 @@ def main(args):
     results = {}
     for length in args.lengths:
         flags = ["--length", length, "--tokens", args.tokens, "--steps", args.steps]
-        flags += ["--local_steps", args.local_steps]
+        flags += ["--local_steps", args.local_steps, "--layers", args.layers]
         results[length] = (
             run_child(sys.executable, "--child", "tf", *flags),
             run_child(args.transformers5_python, "--child", "torch", *flags),
@@ -332,7 +344,7 @@ def child_main(args):
     else:
         batch = args.tokens // args.length
         child = tf_child if args.child == "tf" else torch_child
-        found = child(args.length, batch, args.steps, args.local_steps)
+        found = child(args.length, batch, args.steps, args.local_steps, args.layers)
     print(json.dumps(found))
 
 

@@ -259,3 +259,14 @@ def test_downstream_refuses_a_training_file_that_is_not_utf8_in_one_line(tmp_pat
         output_dir,
         f"--train_file {train} is not UTF-8 text",
     )
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--layers", 0], "--layers 0: a model has at least one layer"),
+        (["--tokens", 1000, "--lengths", 512], "--tokens 1000 is not a whole number of sequences"),
+    ],
+)
+def test_modernbert_long_refuses_what_it_cannot_build_in_one_line(flags, needle, tmp_path):
+    refused(run_benchmark, "modernbert_long.py", flags, tmp_path, needle)
