@@ -50,6 +50,12 @@ CONFIG = {
 }
 
 
+def config_fields(length, layers):
+    """The config both sides build their model from: CONFIG with `layers` layers, `length`
+    positions."""
+    return {**CONFIG, "num_hidden_layers": layers, "max_position_embeddings": length}
+
+
 def peak_mib():
     """This process's peak resident memory so far (Linux counts ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -73,7 +79,8 @@ def median_seconds(step, steps):
 
 
 def tf_child(length, batch, steps, local_steps, layers):
-    """{seconds, peak, imports} of the TF masked LM's training step, and the local layer's."""
+    """{seconds, peak, imports, tensors} of the TF masked LM's training step, and the local
+    layer's seconds."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, str(REPO))
     import tensorflow as tf
@@ -83,9 +90,7 @@ def tf_child(length, batch, steps, local_steps, layers):
     from mlm_pipeline import modernbert
 
     imports = peak_mib()
-    config = ModernBertConfig(
-        **{**CONFIG, "num_hidden_layers": layers}, max_position_embeddings=length
-    )
+    config = ModernBertConfig(**config_fields(length, layers))
     model = modernbert.TFModernBertForMaskedLM(config)
     optimizer = tf_keras.optimizers.SGD(1e-3)
     ids = tf.constant(random_ids(batch, length), tf.int32)
@@ -124,9 +129,7 @@ def torch_child(length, batch, steps, local_steps, layers):
     from transformers import AutoModelForMaskedLM, ModernBertConfig
 
     imports = peak_mib()
-    config = ModernBertConfig(
-        **{**CONFIG, "num_hidden_layers": layers}, max_position_embeddings=length
-    )
+    config = ModernBertConfig(**config_fields(length, layers))
     model = AutoModelForMaskedLM.from_config(config, attn_implementation="sdpa")
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
