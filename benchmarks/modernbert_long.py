@@ -7,8 +7,10 @@ modernbert.py switches from the dense path to the memory-linear one.
     python benchmarks/modernbert_long.py --lengths 512 1024 2048 4096 8192 --tokens 8192
 
 Each length runs in a fresh child process per side, so each peak (the kernel's count of the child's
-resident memory, ru_maxrss, which sees TensorFlow's allocations that tracemalloc does not) is that
-step's and the imports' alone; "above imports" subtracts the peak reached before the model was made.
+resident memory, which sees TensorFlow's allocations that tracemalloc does not) is that step's and
+the imports' alone; "above imports" subtracts the peak reached before the model was made. The count
+is the child's own high-water mark (VmHWM), not ru_maxrss: a child's ru_maxrss starts at its
+parent's peak, and this script's parent has imported TensorFlow, which takes more than torch's.
 "TF tensors at their peak" is TensorFlow's allocator's own count, from get_memory_info: the most its
 tensors held at once (weights, the activations kept for the backward pass, gradients), without the
 runtime around them. PyTorch keeps no such count on the CPU.
@@ -57,8 +59,18 @@ def config_fields(length, layers):
 
 
 def peak_mib():
-    """This process's peak resident memory so far (Linux counts ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident memory so far, in MiB. Linux's VmHWM, the high-water mark
+    of this program's memory: ru_maxrss would also count the parent's peak, which a child inherits
+    across fork and exec. Where there is no /proc, ru_maxrss (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # "VmHWM:   13552 kB"
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def random_ids(batch, length):
@@ -275,6 +287,7 @@ def main(args):
         )
     rows = []
     for length, (tf_side, torch_side) in results.items():
+        tf_step, torch_step = (side["peak"] - side["imports"] for side in (tf_side, torch_side))
         rows.append(
             [
                 f"{length:,}",
@@ -282,11 +295,12 @@ def main(args):
                 f"{tf_side['seconds']:.2f}",
                 f"{torch_side['seconds']:.2f}",
                 f"{tf_side['peak']:,.0f}",
-                f"{tf_side['peak'] - tf_side['imports']:,.0f}",
+                f"{tf_step:,.0f}",
                 f"{tf_side['tensors']:,.0f}",
                 f"{torch_side['peak']:,.0f}",
-                f"{torch_side['peak'] - torch_side['imports']:,.0f}",
+                f"{torch_step:,.0f}",
                 f"{tf_side['peak'] / torch_side['peak']:.2f}x",
+                f"{tf_step / torch_step:.2f}x" if torch_step > 0 else "–",
                 f"{1000 * tf_side['local'] / args.tokens * 1000:.2f}",
             ]
         )
@@ -301,6 +315,7 @@ def main(args):
         "transformers 5 peak MiB",
         "above imports",
         "TF / 5 peak",
+        "TF / 5 above imports",
         "TF local layer ms a 1,000 tokens",
     ]
     print(markdown_table(header, rows))
