@@ -135,6 +135,22 @@ class TFModernBertEmbeddings(tf_keras.layers.Layer):
         return self.dropout(self.norm(inputs_embeds), training=training)
 
 
+@tf.custom_gradient
+def gelu_times_gate(inputs, gate):
+    """gelu(inputs) * gate with the exact GELU, as transformers' TF "gelu", keeping its two inputs
+    alone for the backward pass, which recomputes the rest. TF's own gradient would keep three
+    more tensors of the same size (inputs / sqrt 2 for the erf, the normal's cdf, the GELU), three
+    a layer that a long sequence cannot spare (BENCHMARKS.md, "ModernBERT at long sequences")."""
+    gelu = activation("gelu")
+
+    def gradient(upstream):
+        cdf = 0.5 * (1.0 + tf.math.erf(inputs * 0.5**0.5))
+        density = tf.exp(-0.5 * tf.square(inputs)) * (2.0 * math.pi) ** -0.5
+        return upstream * gate * (cdf + inputs * density), upstream * gelu(inputs)
+
+    return gelu(inputs) * gate, gradient
+
+
 class TFModernBertMLP(tf_keras.layers.Layer):
     """GeGLU: Wi to twice the intermediate size, split into input and gate, act(input) * gate,
     dropout, Wo."""
@@ -144,6 +160,8 @@ class TFModernBertMLP(tf_keras.layers.Layer):
         self.config = config
         self.Wi = dense(config, 2 * config.intermediate_size, config.mlp_bias, "in", "Wi")
         self.activation = activation(config.hidden_activation)
+        name = ACTIVATION_ALIASES.get(config.hidden_activation, config.hidden_activation)
+        self.exact_gelu = name == "gelu"  # ModernBERT's: the backward pass's memory is cut
         self.dropout = tf_keras.layers.Dropout(config.mlp_dropout)
         self.Wo = dense(config, config.hidden_size, config.mlp_bias, "out", "Wo")
 
@@ -158,7 +176,11 @@ class TFModernBertMLP(tf_keras.layers.Layer):
 
     def call(self, hidden_states, training=False):
         inputs, gate = tf.split(self.Wi(hidden_states), 2, axis=-1)
-        return self.Wo(self.dropout(self.activation(inputs) * gate, training=training))
+        if self.exact_gelu:
+            gated = gelu_times_gate(inputs, gate)
+        else:
+            gated = self.activation(inputs) * gate
+        return self.Wo(self.dropout(gated, training=training))
 
 
 def rotate_half(tensor):

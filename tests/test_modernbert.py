@@ -570,6 +570,43 @@ def test_memory_linear_paths_equal_dense(jit_compile):
                 np.testing.assert_allclose(found, wanted, atol=1e-5, err_msg=str(case))
 
 
+@pytest.mark.parametrize("jit_compile", (False, True))
+def test_geglu_keeps_its_inputs_and_gives_tfs_own_gradients(jit_compile):
+    """gelu_times_gate, the GeGLU whose backward pass keeps only its two inputs, gives the output
+    and gradients of TF's own gelu(inputs) * gate, eager and under XLA, in float32 and in bfloat16
+    (mixed precision's compute dtype), over the inputs where the erf saturates too. The MLP takes
+    it for ModernBERT's exact GELU, under either of its names, and not for the tanh one."""
+    import tensorflow as tf
+    from transformers import ModernBertConfig
+
+    from mlm_pipeline import modernbert
+
+    gelu = modernbert.activation("gelu")
+
+    @tf.function(jit_compile=jit_compile)
+    def both(inputs, gate, weights):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([inputs, gate])
+            outputs = [modernbert.gelu_times_gate(inputs, gate), gelu(inputs) * gate]
+            losses = [tf.reduce_sum(tf.cast(output, tf.float32) * weights) for output in outputs]
+        return outputs, [tape.gradient(loss, [inputs, gate]) for loss in losses]
+
+    rng = np.random.default_rng(0)
+    inputs, gate, weights = (rng.standard_normal([3, 5, 64]).astype(np.float32) for _ in range(3))
+    inputs[0, 0] = np.linspace(-9, 9, 64)  # the tails, where the normal's cdf is 0 or 1
+    for dtype, tolerance in ((tf.float32, 1e-6), (tf.bfloat16, 1e-2)):
+        (fused, plain), (fused_gradients, plain_gradients) = both(
+            tf.cast(inputs, dtype), tf.cast(gate, dtype), tf.constant(weights)
+        )
+        assert fused.dtype == dtype and fused_gradients[0].dtype == dtype
+        for found, wanted in zip([fused, *fused_gradients], [plain, *plain_gradients]):
+            found, wanted = (tf.cast(tensor, tf.float32).numpy() for tensor in (found, wanted))
+            np.testing.assert_allclose(found, wanted, rtol=tolerance, atol=tolerance)
+    for name, exact in (("gelu", True), ("gelu_python", True), ("gelu_pytorch_tanh", False)):
+        mlp = modernbert.TFModernBertMLP(ModernBertConfig(hidden_activation=name))
+        assert mlp.exact_gelu == exact, name
+
+
 def test_global_chunks_recompute_their_dropout():
     """Dropout in a chunked global layer is drawn from the chunk's seed, so the backward pass's
     recomputation drops what the forward pass dropped: the gradients are those of the same chunks
