@@ -144,9 +144,10 @@ def gelu_times_gate(inputs, gate):
     gelu = activation("gelu")
 
     def gradient(upstream):
-        cdf = 0.5 * (1.0 + tf.math.erf(inputs * 0.5**0.5))
+        cdf = 0.5 * tf.math.erfc(-inputs * 0.5**0.5)  # erfc: no cancellation in the left tail
         density = tf.exp(-0.5 * tf.square(inputs)) * (2.0 * math.pi) ** -0.5
-        return upstream * gate * (cdf + inputs * density), upstream * gelu(inputs)
+        # gelu(x) = x cdf(x), so its derivative is cdf(x) + x density(x)
+        return upstream * gate * (cdf + inputs * density), upstream * inputs * cdf
 
     return gelu(inputs) * gate, gradient
 
