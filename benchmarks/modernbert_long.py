@@ -28,7 +28,6 @@ length, the same tokens each: where the memory-linear path becomes as fast as th
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # mlm_pipeline, in the parent and in both children
 CONFIG = {
     "vocab_size": 1024,
     "hidden_size": 128,
@@ -59,18 +59,11 @@ def config_fields(length, layers):
 
 
 def peak_mib():
-    """This process's own peak resident memory so far, in MiB. Linux's VmHWM, the high-water mark
-    of this program's memory: ru_maxrss would also count the parent's peak, which a child inherits
-    across fork and exec. Where there is no /proc, ru_maxrss (KiB on Linux, bytes on macOS)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # "VmHWM:   13552 kB"
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    """This process's own peak resident memory so far, in MiB: the preflight's count, which leaves
+    out the parent's peak that ru_maxrss would include."""
+    from mlm_pipeline.preflight import peak_resident_bytes
+
+    return peak_resident_bytes() / 2**20
 
 
 def random_ids(batch, length):
@@ -94,7 +87,6 @@ def tf_child(length, batch, steps, local_steps, layers):
     """{seconds, peak, imports, tensors} of the TF masked LM's training step, and the local
     layer's seconds."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(REPO))
     import tensorflow as tf
     import tf_keras
     from transformers import ModernBertConfig
@@ -161,7 +153,6 @@ def torch_child(length, batch, steps, local_steps, layers):
 def switch_child(lengths, tokens, steps):
     """{length: {path: seconds}} of one layer's attention (forward and backward), each path."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(REPO))
     import tensorflow as tf
 
     from mlm_pipeline import modernbert
@@ -371,7 +362,6 @@ if __name__ == "__main__":
     if arguments.child:
         child_main(arguments)
     else:
-        sys.path.insert(0, str(REPO))
         from mlm_pipeline.errors import exit_on_usage_error
 
         exit_on_usage_error(main, arguments, "modernbert_long.py")

@@ -364,6 +364,23 @@ def machine_memory():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def peak_resident_bytes():
+    """This process's own peak resident memory so far, in bytes. On Linux the kernel's high-water
+    mark of this program (VmHWM): ru_maxrss would also count the peak of the process that started
+    it, which a child inherits across fork and exec (a run started from a notebook or a driver
+    holding gigabytes would read as that large). Elsewhere ru_maxrss (bytes on macOS, KiB on the
+    other systems)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:   13552 kB"
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
 def peak_memory(strategy, hardware):
     """The Memory of a replica at its peak so far. On a TPU or GPU, the
     largest of the replicas' peaks (tf.config.experimental.get_memory_info), against its 'limit'
@@ -373,8 +390,7 @@ def peak_memory(strategy, hardware):
     import tensorflow as tf
 
     if hardware["device"] == "CPU":
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        peak = peak_resident_bytes()
         peak_of = "the process's peak resident memory"
         if strategy.num_replicas_in_sync > 1:
             peak_of += f", its {strategy.num_replicas_in_sync} replicas together"
