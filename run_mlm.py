@@ -780,9 +780,6 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     `scale`: N x (B/N) sequences give B's gradients exactly, the same step in less memory."""
     import tensorflow as tf
 
-    # Both inner functions are straight TF ops: AutoGraph has nothing to convert in them, and
-    # left unconverted they cannot be mistaken for each other in its cache of converted functions.
-    @tf.autograph.experimental.do_not_convert
     def split(tensor):  # fit() may trace a phase with unknown lengths: reshape dynamically
         return tf.reshape(
             tensor, tf.concat([[accumulation_steps, -1], tf.shape(tensor)[1:]], axis=0)
@@ -791,7 +788,6 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     features, labels = tf.nest.map_structure(split, features), split(labels)
     weights = trainer.trainable_variables
 
-    @tf.autograph.experimental.do_not_convert
     def accumulate(micro, loss_sum, *gradients):
         with tf.GradientTape() as tape:
             micro_features = {name: tensor[micro] for name, tensor in features.items()}

@@ -22,8 +22,8 @@ from .errors import UsageError
 # and only if the user has not.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # tf.keras is tf_keras (Keras 2, which transformers' TF models are made of), as TensorFlow's
-# release notes for 2.16 advise; TensorFlow then does not load Keras 3 (and matplotlib and pandas
-# with it) at import, half a second of every script's start.
+# release notes for 2.16 advise; TensorFlow then does not load Keras 3 (and matplotlib with it) at
+# import, half a second of every script's start.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 
