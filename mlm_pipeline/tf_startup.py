@@ -18,9 +18,11 @@ from contextlib import contextmanager
 
 from .errors import UsageError
 
-# Python-side TF logging below warnings; set before TensorFlow is imported,
-# and only if the user has not.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# TensorFlow's C++ log shows errors only, unless the user set it (before TensorFlow is imported).
+# Its warnings during a run read like failures and are not: tf.data's autotuner, for one, logs
+# "Optimization loop failed: CANCELLED" now and then when an iterator ends (at the end of an
+# evaluation or of training) while it is tuning. TF_CPP_MIN_LOG_LEVEL=1 shows warnings again.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tf.keras is tf_keras (Keras 2, which transformers' TF models are made of), as TensorFlow's
 # release notes for 2.16 advise; TensorFlow then does not load Keras 3 (and matplotlib with it) at
 # import, half a second of every script's start.
