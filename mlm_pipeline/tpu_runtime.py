@@ -20,9 +20,12 @@ None of this has run on a TPU: no TPU was at hand.
 """
 
 import fcntl
+import importlib.metadata
 import importlib.util
 import os
 import sys
+
+from packaging.version import InvalidVersion, Version
 
 from .errors import UsageError, tf_error_text
 from .tf_startup import tensorflow_startup_log_held_back
@@ -50,6 +53,11 @@ PLUGIN_VARIABLES = (
 )
 # TensorFlow's MLIR bridge, which keras-rs and keras-io turn on for TPUs under PJRT.
 MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
+# The libtpu release each TPU set installs with its TensorFlow's TPU build, as tensorflow_tpu's own
+# requirement pins it: requirements-tpu.txt (tensorflow_tpu 2.19.1 asks for libtpu==0.0.10, on
+# PyPI) and requirements-tpu-google.txt (2.18.0 asks for libtpu==2.18.0, on Google's index only).
+# tests/test_tpu_sets.py checks that both files agree with it.
+PINNED_LIBTPU = {"2.19.1": "0.0.10", "2.18.0": "2.18.0"}
 NO_TPU_ADVICE = "pass --no_tpu to train on the GPUs or the CPU"
 FULL_LOG_ADVICE = "TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's whole log"
 
@@ -86,6 +94,7 @@ def prepare_runtime(hardware):
         return  # set up before TensorFlow was imported, as keras-rs's CI does
     check_tpu_attached()
     library = libtpu_library()
+    check_libtpu(library)
     # libtpu's own off switch, which its PJRT plugin reads too (the tests and older advice set it)
     if os.environ.get("TPU_LOAD_LIBRARY") == "0":
         raise UsageError(
@@ -175,6 +184,92 @@ def libtpu_library():
             f"{NO_TPU_ADVICE}."
         )
     return library
+
+
+def check_libtpu(library):
+    """One line when the library TensorFlow will load is not the libtpu its TPU set pins: a path the
+    user set in TF_PLUGGABLE_DEVICE_LIBRARY_PATH (Google's Vertex AI TPU recipe and older
+    ml-auto-solutions tests point it at /lib/libtpu.so, a TensorFlow image's own), or another libtpu
+    release in this environment (`pip install jax[tpu]` replaces the set's with JAX's, a newer
+    one). A refusal where the combination is known to fail, a warning on stderr where it may work.
+
+    Why a newer libtpu is refused: TensorFlow and libtpu talk through PJRT's C API, whose version
+    each side is built with (xla/pjrt/pjrt_api.cc checks the plugin's against the framework's). A
+    plugin older than the framework, within the API's compatibility window, is accepted; a newer
+    one is what the public reports fail on. Kaggle/docker-python #1499 stopped installing
+    tensorflow-tpu beside JAX's newer libtpu ("No TPU platform found"), where the same libtpu
+    aborted torch_xla ("The plugin is likely built with a later version than the framework");
+    jax-ml/jax #22416 and pytorch/xla #6949 show "Mismatched PJRT plugin PJRT API version" between
+    a framework and a libtpu of other builds."""
+    chosen = os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
+    if chosen and not same_file(chosen, library):
+        if not os.path.exists(chosen):
+            # tensorflow/python/framework/load_library.py raises OSError at `import tensorflow`
+            raise UsageError(
+                f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={chosen} names no file, and TensorFlow would "
+                "fail to import: unset it (`unset TF_PLUGGABLE_DEVICE_LIBRARY_PATH`) to use the "
+                f"TPU set's libtpu ({library}), or {NO_TPU_ADVICE}."
+            )
+        warn(
+            f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={chosen} is kept, so TensorFlow will load that "
+            f"library, not the TPU set's libtpu ({library}); if the TPU does not start (\"No TPU "
+            'platform found", "Mismatched PJRT plugin PJRT API version"), unset it.'
+        )
+        return
+    tensorflow_version = distribution_version("tensorflow_tpu")
+    libtpu_version = distribution_version("libtpu", os.path.dirname(os.path.dirname(library)))
+    pinned = PINNED_LIBTPU.get(tensorflow_version)
+    sets = ", ".join(f"tensorflow_tpu {tf} with libtpu {lib}" for tf, lib in PINNED_LIBTPU.items())
+    if pinned is None:
+        installed = (
+            f"tensorflow_tpu {tensorflow_version}" if tensorflow_version else "no tensorflow_tpu"
+        )
+        warn(
+            f"this environment has {installed}, which no TPU set of this pipeline installs "
+            f"({sets}), so libtpu {libtpu_version or '(version unknown)'} is not checked against "
+            "it; install requirements-tpu.txt into a fresh virtualenv if the TPU does not start."
+        )
+    elif libtpu_version != pinned:
+        found = f"libtpu {libtpu_version}" if libtpu_version else "a libtpu of unknown version"
+        problem = (
+            f"this environment's libtpu ({library}) is {found}, but tensorflow_tpu "
+            f"{tensorflow_version} pins libtpu {pinned}"
+        )
+        if newer(libtpu_version, pinned):
+            raise UsageError(
+                f"{problem}: a newer libtpu, as `pip install jax[tpu]` brings, speaks a newer "
+                'PJRT API than this TensorFlow (the known road to "No TPU platform found"); '
+                f"`pip install --no-deps libtpu=={pinned}` puts the TPU set's back (give JAX a "
+                f"virtualenv of its own), or {NO_TPU_ADVICE}."
+            )
+        warn(f"{problem}; if the TPU does not start, `pip install --no-deps libtpu=={pinned}`.")
+
+
+def same_file(path, other):
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False
+
+
+def distribution_version(name, folder=None):
+    """The version of the installed distribution `name` (its dist-info, read without importing it),
+    looked up in `folder` when given (where the package found was installed), else on sys.path;
+    None when there is none."""
+    found = importlib.metadata.distributions(name=name, path=[folder] if folder else sys.path)
+    return next((distribution.version for distribution in found), None)
+
+
+def newer(version, than):
+    try:
+        return version is not None and Version(version) > Version(than)
+    except InvalidVersion:
+        return False
+
+
+def warn(message):
+    """One line on stderr, as the scripts print their errors, for what may still work."""
+    print(f"{os.path.basename(sys.argv[0])}: warning: {message}", file=sys.stderr, flush=True)
 
 
 def shares_the_tpu():

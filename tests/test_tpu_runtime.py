@@ -11,8 +11,10 @@ and none was at hand: what a real TPU does past these checks is not tested here.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import REPO, subprocess_env
@@ -43,15 +45,33 @@ def pci_devices(folder, chips, device_id):
     return folder
 
 
+# The TPU set's TensorFlow (requirements-tpu.txt) and the libtpu it pins.
+TENSORFLOW_TPU = "2.19.1"
+LIBTPU = tpu_runtime.PINNED_LIBTPU[TENSORFLOW_TPU]
+
+
+def distribution(packages, name, version):
+    """An installed distribution's record, as pip leaves it in site-packages (what
+    importlib.metadata reads); a record of the same name is replaced."""
+    for old in packages.glob(f"{name}-*.dist-info"):
+        shutil.rmtree(old)
+    record = packages / f"{name}-{version}.dist-info"
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
 @pytest.fixture
 def machine(tmp_path):
-    """A TPU VM with 8 v6e chips and the TPU set's libtpu package, its TPU free; the test changes
-    what it needs. Returns (environment for the subprocess, the fake libtpu.so)."""
+    """A TPU VM with 8 v6e chips and the TPU set's tensorflow_tpu and libtpu packages, its TPU
+    free; the test changes what it needs. Returns (environment for the subprocess, the fake
+    libtpu.so)."""
     packages = tmp_path / "packages"
     (packages / "libtpu").mkdir(parents=True)
     (packages / "libtpu" / "__init__.py").write_text("")
     library = packages / "libtpu" / "libtpu.so"
     library.write_bytes(b"not a shared library")
+    distribution(packages, "libtpu", LIBTPU)
+    distribution(packages, "tensorflow_tpu", TENSORFLOW_TPU)
     env = subprocess_env()
     for name in (*tpu_runtime.PLUGIN_VARIABLES, "TF_XLA_FLAGS", "TPU_LOAD_LIBRARY"):
         env.pop(name, None)
@@ -95,12 +115,21 @@ def test_pjrt_variables_are_set_before_tensorflow_is_imported(machine, tmp_path,
 
 
 def test_a_value_the_user_set_is_kept(machine, tmp_path):
-    env, _ = machine
-    env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = "/opt/libtpu.so"
+    """A library of the user's own choosing (Google's recipes use the image's /lib/libtpu.so) is
+    loaded as asked, with one warning that it is not the TPU set's."""
+    env, library = machine
+    image_library = tmp_path / "lib" / "libtpu.so"
+    image_library.parent.mkdir()
+    image_library.write_bytes(b"the image's libtpu")
+    env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = str(image_library)
     env["TF_XLA_FLAGS"] = "--tf_mlir_enable_mlir_bridge=false"  # the bridge, turned off
-    seen = environment_at_import(env, "run_mlm.py", "--output_dir", tmp_path / "out")
-    assert seen["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == "/opt/libtpu.so"
+    result = run_on(env, "run_mlm.py", "--output_dir", tmp_path / "out")
+    seen = json.loads(Path(env["RECORD_TENSORFLOW_IMPORT"]).read_text())
+    assert seen["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == str(image_library)
     assert seen["TF_XLA_FLAGS"] == "--tf_mlir_enable_mlir_bridge=false"
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith("run_mlm.py: warning: TF_PLUGGABLE_DEVICE_LIBRARY_PATH=")
+    assert str(image_library) in warning and str(library) in warning
 
 
 @pytest.mark.parametrize(
@@ -256,3 +285,74 @@ def test_the_storage_probe_starts_without_the_plugin(monkeypatch):
     (env,) = started
     assert not set(tpu_runtime.PLUGIN_VARIABLES) & set(env)
     assert env["TPU_LOAD_LIBRARY"] == "0"
+
+
+def outcome_on(env, tmp_path, script="run_mlm.py"):
+    """('started', its stderr lines) when the script reached TensorFlow's import, ('refused',
+    its line) when it was refused as refusals.refused checks."""
+    output = tmp_path / "out"
+    result = run_on(env, script, "--output_dir", output)
+    if result.returncode == 0 and os.path.exists(env["RECORD_TENSORFLOW_IMPORT"]):
+        return "started", result.stderr.splitlines()
+    return "refused", [refused_on(env, tmp_path, script)]
+
+
+@pytest.mark.parametrize(
+    "tensorflow_tpu, libtpu, expected, needles",
+    [
+        # each TPU set as it installs: not a word
+        (TENSORFLOW_TPU, LIBTPU, "started", []),
+        ("2.18.0", "2.18.0", "started", []),
+        # JAX's newer libtpu over the set's: the known failure
+        (TENSORFLOW_TPU, "0.0.30", "refused", ["libtpu 0.0.30", f"pins libtpu {LIBTPU}"]),
+        # an older one, or one without its record: may work, said once
+        (TENSORFLOW_TPU, "0.0.9", "warning", ["libtpu 0.0.9", f"libtpu=={LIBTPU}"]),
+        (TENSORFLOW_TPU, None, "warning", ["unknown version", f"libtpu=={LIBTPU}"]),
+        ("2.18.0", LIBTPU, "warning", [f"libtpu {LIBTPU}", "libtpu==2.18.0"]),
+        # a TensorFlow no set installs: its libtpu cannot be checked
+        ("2.20.0", "0.0.17", "warning", ["tensorflow_tpu 2.20.0", "libtpu 0.0.17"]),
+    ],
+)
+def test_the_libtpu_tensorflow_will_load_is_the_one_its_set_pins(
+    machine, tmp_path, tensorflow_tpu, libtpu, expected, needles
+):
+    env, library = machine
+    packages = Path(env["PYTHONPATH"])
+    distribution(packages, "tensorflow_tpu", tensorflow_tpu)
+    if libtpu is None:
+        shutil.rmtree(packages / f"libtpu-{LIBTPU}.dist-info")
+    else:
+        distribution(packages, "libtpu", libtpu)
+    outcome, lines = outcome_on(env, tmp_path)
+    if expected == "refused":
+        assert outcome == "refused" and str(library) in lines[0], lines
+    elif expected == "warning":
+        assert outcome == "started" and len(lines) == 1, lines
+        assert lines[0].startswith("run_mlm.py: warning: "), lines
+    else:
+        assert (outcome, lines) == ("started", []), lines
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+
+
+def test_a_library_path_naming_no_file_is_refused(machine, tmp_path):
+    """TensorFlow's import would raise OSError for it (load_pluggable_device_library)."""
+    env, library = machine
+    env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = str(tmp_path / "no" / "libtpu.so")
+    refused_on(
+        env,
+        tmp_path,
+        "run_classifier.py",
+        f"TF_PLUGGABLE_DEVICE_LIBRARY_PATH={tmp_path / 'no' / 'libtpu.so'} names no file",
+        "unset TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+        str(library),
+    )
+
+
+def test_a_library_path_to_the_sets_own_libtpu_says_nothing(machine, tmp_path):
+    """Set by the user as keras-rs's CI sets it, through a link: the same file, so no warning."""
+    env, library = machine
+    link = tmp_path / "libtpu-link.so"
+    link.symlink_to(library)
+    env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] = str(link)
+    assert outcome_on(env, tmp_path) == ("started", [])
