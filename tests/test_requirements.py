@@ -13,7 +13,9 @@ that every dependency of every pinned package (its markers evaluated for that Py
 the set, by a version that satisfies it: with every pin exact, that is what makes a fresh
 `pip install -r` of the set pick exactly its pins. The TPU set is installed with --no-deps
 (requirements-tpu.txt says why) and checked the same way, but for the one name tensorflow_tpu does
-not claim.
+not claim. So is Google's TensorFlow 2.18 TPU set (requirements-tpu-google.txt), but for its libtpu,
+which only Google's wheel index carries: every other pin must be on the index this machine reaches,
+and every package's requirements satisfied by the set's pins, libtpu's included.
 
 Needs the package index (CI has it); `-m smoke` does not run it, and `-m "not network"` leaves it
 out.
@@ -40,11 +42,18 @@ PYTHONS = ("3.10", "3.11", "3.12")
 # takes wheels only, so the test builds these (pure Python) into wheels first, as pip does on the
 # user's machine. apache-beam[gcp] 2.77 asks for google-apitools<0.5.32 below Python 3.13.
 SDIST_ONLY = ("google-apitools",)
-# What one dry run a Python resolves: sets that install into one environment go together.
+# What one dry run a Python resolves: sets that install into one environment go together. The TPU
+# sets install with --no-deps, so theirs are not resolved, only fetched.
 RESOLVED = {
     "main": ("requirements-test.txt", "requirements-gpu.txt"),
     "export": ("requirements-export-test.txt",),
+    "tpu": ("requirements-test-tpu.txt",),
+    "tpu-google": ("requirements-tpu-google.txt",),
 }
+NOT_RESOLVED = ("tpu", "tpu-google")
+# Pins on Google's wheel index only (https://storage.googleapis.com/libtpu-tf-releases/index.html),
+# which this machine's index does not carry: left out of the dry run, checked by their requirers.
+GOOGLE_INDEX_ONLY = {"requirements-tpu-google.txt": ("libtpu",)}
 # Each set, and the run whose report holds its packages.
 SETS = {
     "requirements.txt": "main",
@@ -55,6 +64,7 @@ SETS = {
     "requirements-export-test.txt": "export",
     "requirements-tpu.txt": "tpu",
     "requirements-test-tpu.txt": "tpu",
+    "requirements-tpu-google.txt": "tpu-google",
 }
 
 
@@ -100,6 +110,12 @@ def pins(name, python):
     return out
 
 
+def fetched_pins(name, python):
+    """pins() of the set but for those the dry run cannot fetch (GOOGLE_INDEX_ONLY)."""
+    left_out = GOOGLE_INDEX_ONLY.get(name, ())
+    return {key: pin for key, pin in pins(name, python).items() if key not in left_out}
+
+
 def same_version(resolved, pinned):
     # torch==2.13.0 matches the CPU build 2.13.0+cpu, which pip prefers where it is at hand.
     return Version(resolved).public == Version(pinned).public
@@ -129,10 +145,10 @@ def sdist_wheels(tmp_path_factory):
 def dry_run(run, python, folder, wheels):
     """pip's dry run of one group for one Python: (return code, stderr, report or None)."""
     report = folder / f"{run}-{python}.json"
-    files = ("requirements-test-tpu.txt",) if run == "tpu" else RESOLVED[run]
+    files = RESOLVED[run]
     # pip's resolver runs for the Python it runs on only: it evaluates the dependencies' markers
     # for that one, whatever --python-version says. For the others missing_dependencies does it.
-    resolve = run != "tpu" and python == "{}.{}".format(*sys.version_info)
+    resolve = run not in NOT_RESOLVED and python == "{}.{}".format(*sys.version_info)
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
     command += ["--only-binary=:all:", "--python-version", python, "--find-links", str(wheels)]
     # pip before 24.1 takes --python-version only with --target; a dry run writes nothing there.
@@ -145,7 +161,12 @@ def dry_run(run, python, folder, wheels):
     command += [] if resolve else ["--no-deps"]
     # pip evaluates environment markers against the Python it runs on, whatever --python-version
     # says, so it is given the lines that apply to the target Python, their markers evaluated here.
-    lines = [line for name in files for line in applying_lines(name, python)]
+    lines = [
+        line
+        for name in files
+        for line in applying_lines(name, python)
+        if canonicalize_name(Requirement(line).name) not in GOOGLE_INDEX_ONLY.get(name, ())
+    ]
     wanted = folder / f"{run}-{python}.txt"
     wanted.write_text("\n".join(lines) + "\n")
     command += ["-r", str(wanted)]
@@ -157,7 +178,7 @@ def dry_run(run, python, folder, wheels):
 def dry_runs(tmp_path_factory, sdist_wheels):
     """Every dry run, side by side: they wait on the index as much as on the cores."""
     folder = tmp_path_factory.mktemp("dry_runs")
-    jobs = [(run, python) for run in ("main", "export", "tpu") for python in PYTHONS]
+    jobs = [(run, python) for run in RESOLVED for python in PYTHONS]
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         futures = {job: pool.submit(dry_run, *job, folder, sdist_wheels) for job in jobs}
         return {job: future.result() for job, future in futures.items()}
@@ -168,15 +189,14 @@ def report_packages(report):
 
 
 @pytest.mark.parametrize("python", PYTHONS)
-@pytest.mark.parametrize("run", ("main", "export", "tpu"))
+@pytest.mark.parametrize("run", sorted(RESOLVED))
 def test_pip_installs_exactly_the_pins(dry_runs, run, python):
     code, stderr, report = dry_runs[run, python]
     errors = [line for line in stderr.splitlines() if not line.startswith("WARNING")]
     assert code == 0, f"pip's dry run on Python {python} failed:\n" + "\n".join(errors[-20:])
-    files = ("requirements-test-tpu.txt",) if run == "tpu" else RESOLVED[run]
     wanted = {}
-    for name in files:
-        wanted.update(pins(name, python))
+    for name in RESOLVED[run]:
+        wanted.update(fetched_pins(name, python))
     got = {key: item["metadata"]["version"] for key, item in report_packages(report).items()}
     differ = {
         key: (version, got.get(key))
@@ -225,6 +245,8 @@ def missing_dependencies(pinned, packages, python):
     while changed:  # extras asked by one package of another (google-auth[requests]) spread
         changed, problems = False, []
         for key in pinned:
+            if key not in packages:
+                continue  # not fetched (GOOGLE_INDEX_ONLY): its requirers are checked against it
             requires_python = packages[key]["metadata"].get("requires_python") or ""
             if not SpecifierSet(requires_python).contains(f"{python}.0"):
                 problems.append((None, key, f"{key} needs Python {requires_python}"))
@@ -246,7 +268,7 @@ def missing_dependencies(pinned, packages, python):
 
 
 def may_stay_unpinned(run, who, dep):
-    if run == "tpu":
+    if run in ("tpu", "tpu-google"):
         # tf_keras asks for `tensorflow`, which tensorflow_tpu provides under another name.
         return (who, dep) == ("tf-keras", "tensorflow")
     if run == "export":
@@ -263,6 +285,8 @@ def test_each_set_is_complete_on_its_own(dry_runs, name, python):
         pytest.skip("its dry run failed, which test_pip_installs_exactly_the_pins reports")
     pinned = pins(name, python)
     packages = report_packages(report)
+    unfetched = set(pinned) - set(packages)
+    assert unfetched <= set(GOOGLE_INDEX_ONLY.get(name, ())), f"not in pip's report: {unfetched}"
     problems = [
         why
         for who, dep, why in missing_dependencies(pinned, packages, python)
