@@ -14,6 +14,7 @@ here.
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -350,6 +351,18 @@ def test_a_pod_client_leaves_the_chips_to_the_workers(cloud_tpu_api, metadata, t
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert calls == [{"tpu": "my-v5e-16", "zone": "us-east1-c", "project": "my-project"}]
     assert metadata.requests == []
+
+
+def test_readmes_pod_command_passes_the_command_line_checks():
+    """The command README gives for worker 0 of a slice is one the local-path check lets through."""
+    import run_mlm
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**A TPU pod slice**", 1)[1].split("\n**", 1)[0]
+    command = re.search(r"python run_mlm\.py (.+?)\n *```", section, re.DOTALL).group(1)
+    settings = run_mlm.parse_args(command.replace("\\\n", " ").split())
+    assert settings.hardware.tpu_name == "my-slice"
+    assert settings.data.train_dataset.startswith("gs://")
 
 
 def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
