@@ -153,6 +153,7 @@ def prepare_slice_client(hardware):
                 "call mlm_pipeline.tpu_runtime.prepare_runtime() before importing TensorFlow, or "
                 "run the script in a fresh process."
             )
+        return  # set up already: the scripts' main() did it, and tpu_strategy() asks again
     for name in PLUGIN_VARIABLES:
         os.environ.pop(name, None)
     os.environ["TPU_LOAD_LIBRARY"] = "0"  # common.py's export_env_variables, for a pod

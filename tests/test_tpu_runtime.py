@@ -385,6 +385,24 @@ def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
     assert asked == [{"tpu": "my-v5e-16", "zone": "us-east1-c", "project": "my-project"}]
 
 
+def test_a_pod_client_asked_again_after_tensorflow_loaded(monkeypatch):
+    """tpu_strategy() asks prepare_runtime() again once TensorFlow is loaded: with the client's
+    environment it asks the Cloud TPU API no second time; with PJRT's variables, TensorFlow was
+    loaded the wrong way, and that is one line."""
+    import tensorflow  # noqa: F401
+
+    monkeypatch.setattr(tpu_slice, "check_cloud_tpu_client", lambda tpu_name: None)
+    monkeypatch.setattr(tpu_slice, "check_workers_tensorflow", pytest.fail)
+    for name in tpu_runtime.PLUGIN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_LOAD_LIBRARY", "0")
+    hardware = hosts.Hardware(tpu_name="my-v5e-16")
+    tpu_runtime.prepare_runtime(hardware)
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    with pytest.raises(UsageError, match="TensorFlow was imported before this process was set up"):
+        tpu_runtime.prepare_runtime(hardware)
+
+
 @pytest.mark.parametrize(
     "runtime, service, needles",
     [
