@@ -172,7 +172,7 @@ def slice_runtime_version(tpu_name, tpu_zone, gcp_project):
     except TimeoutError:
         reason = f"no answer within {API_TIMEOUT} s"
     except Exception as error:  # the client wraps the API's errors in ValueError, not always
-        reason = first_line(error).rstrip(".")
+        reason = first_line(error)[:240].rstrip(".")
     raise UsageError(
         f"--tpu_name {tpu_name}: the Cloud TPU API did not describe the slice ({where}): {reason}; "
         f"check its name with `{LIST_SLICES}`, and give --tpu_zone and --gcp_project when it is "
