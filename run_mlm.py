@@ -42,6 +42,7 @@ from mlm_pipeline import (
     shard_checks,
     tf_startup,
     tpu_runtime,
+    tpu_slice,
     training_logs,
     training_run,
     whole_words,
@@ -361,6 +362,11 @@ class Settings:
                 f"--max_eval_samples {self.steps.max_eval_samples} limits the evaluation, which "
                 "needs --eval_dataset: give the evaluation shards, or drop --max_eval_samples."
             )
+        if tpu_runtime.asks_for_tpu(self.hardware):  # a pod slice's hosts reach gs:// only
+            paths = {"--train_dataset": self.data.train_dataset}
+            paths["--eval_dataset"] = self.data.eval_dataset
+            paths["--output_dir"] = self.output.output_dir
+            tpu_slice.check_paths_reach_the_hosts(self.hardware.tpu_name, paths)
 
 
 def parse_args(argv=None):

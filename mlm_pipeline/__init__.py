@@ -42,7 +42,11 @@ against the imports.
     hosts                  3 4  the strategy (the TPU started by tpu_runtime); on several hosts,
                                 who writes and which shard files each host's input pipeline reads
     tpu_runtime            3 4  the TPU VM's TPU started by PJRT, its variables set before
-                                TensorFlow loads; why it cannot start, in one line
+                                TensorFlow loads, or a pod slice's client set up; why it cannot
+                                start, in one line
+    tpu_slice              3 4  a pod slice: its client's checks (cloud-tpu-client, the workers'
+                                TensorFlow, gs:// paths), and a slice's host told apart from a
+                                single-host TPU VM by its metadata server
     model_folder           3 4  a finished model's folder: the output checked before any work,
                                 refused unless replaced on request, saved with its PyTorch copy,
                                 published so that it never looks finished early

@@ -30,12 +30,15 @@ class Hardware:
 
     tpu_name: str = setting(
         "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8). "
-        "Any other name (a pod slice, a TPU node) is refused: not supported.",
+        "A pod slice's name: train the slice from its worker 0, by Google's pod route (README: "
+        "the slice's image at this TensorFlow, cloud-tpu-client, gs:// data and output).",
         "local",
     )
-    tpu_zone: Optional[str] = setting("A TPU node's zone: refused, TPU nodes are not supported.")
+    tpu_zone: Optional[str] = setting(
+        "The zone of the slice --tpu_name names, for the Cloud TPU API (default: this VM's)."
+    )
     gcp_project: Optional[str] = setting(
-        "A TPU node's project: refused, TPU nodes are not supported."
+        "The project of the slice --tpu_name names, for the Cloud TPU API (default: this VM's)."
     )
     no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
     # One machine, its CPU unsplit: class attributes, not flags, unless a script's group declares

@@ -14,9 +14,14 @@ What would otherwise cost minutes of silence, or a page of TensorFlow's log, is 
 fraction of a second, from files Linux keeps: whether a TPU is attached at all (its PCI devices, as
 JAX's jax/_src/hardware_utils.py finds them), whether it is one TensorFlow can drive (not TPU7x:
 Google's TPU7x page says TensorFlow is not supported there), whether libtpu is installed, and
-whether another process holds the TPU (libtpu's lock file). Only one host's TPU is started: a
-multi-host slice, or a TPU node reached by name, is refused (README.md, "Install", says what runs).
-None of this has run on a TPU: no TPU was at hand.
+whether another process holds the TPU (libtpu's lock file), and whether this VM is one host of a
+multi-host slice (its metadata server, tpu_slice.py), which --tpu_name local cannot start.
+
+A multi-host slice is trained by Google's route for TensorFlow on a pod (tpu_slice.py): the script
+runs once, on the slice's worker 0, with `--tpu_name SLICE`; this process is then the client of the
+TPU workers every host runs, so it sets TPU_LOAD_LIBRARY=0 and none of PJRT's variables, checks that
+the workers run its TensorFlow, and resolves the slice through the Cloud TPU API. None of this has
+run on a TPU: no TPU was at hand.
 """
 
 import fcntl
@@ -27,6 +32,7 @@ import sys
 
 from packaging.version import InvalidVersion, Version
 
+from . import tpu_slice
 from .errors import UsageError, tf_error_text
 from .tf_startup import tensorflow_startup_log_held_back
 
@@ -71,10 +77,11 @@ def asks_for_tpu(hardware):
 def prepare_runtime(hardware):
     """Get this process ready for TensorFlow, before anything imports it.
 
-    When the Hardware group asks for the TPU: refuse in one line what cannot start (a slice or
-    node by name, no TPU, a TPU TensorFlow cannot drive, no libtpu, a TPU held by another
-    process), set PJRT's variables (a value the user set is kept), then import TensorFlow, which
-    loads libtpu's plugin.
+    When the Hardware group asks for the TPU: with a slice's --tpu_name, get this process ready
+    as the slice's client (prepare_slice_client). Otherwise refuse in one line what cannot start
+    (no TPU, a TPU TensorFlow cannot drive, a host of a multi-host slice, no libtpu, a TPU held by
+    another process), set PJRT's variables (a value the user set is kept), then import TensorFlow,
+    which loads libtpu's plugin.
 
     Without: TensorFlow's TPU build is kept off the TPU (TPU_LOAD_LIBRARY=0, unless set). At import
     it would otherwise load libtpu by its older route, which takes the TPU away from other
@@ -84,6 +91,9 @@ def prepare_runtime(hardware):
         os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
         return
     check_single_host(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
+    if tpu_slice.is_named_slice(hardware.tpu_name):
+        prepare_slice_client(hardware)
+        return
     if "tensorflow" in sys.modules:
         if not os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
             raise UsageError(
@@ -93,6 +103,7 @@ def prepare_runtime(hardware):
             )
         return  # set up before TensorFlow was imported, as keras-rs's CI does
     check_tpu_attached()
+    tpu_slice.check_not_a_slice_host()  # asked only of a machine with TPU chips: no wait elsewhere
     library = libtpu_library()
     check_libtpu(library)
     # libtpu's own off switch, which its PJRT plugin reads too (the tests and older advice set it)
@@ -108,21 +119,59 @@ def prepare_runtime(hardware):
 
 
 def check_single_host(tpu_name, tpu_zone, gcp_project):
-    """A TPU named other than 'local' (a multi-host slice, or a TPU node reached over the network),
-    or one placed by zone and project, is refused: this runtime starts the TPU of the VM it runs
-    on, one host, and has not followed Google's multi-host route with confidence."""
+    """Which TPU the flags ask for, refused in one line where it is none this runtime starts:
+    'local' is the TPU of the VM the script runs on; another name, a pod slice trained from its
+    worker 0 (prepare_slice_client), which --tpu_zone and --gcp_project place for the Cloud TPU
+    API. An empty name (TensorFlow would look a TPU up by TPU_NAME or this VM's metadata) and a
+    worker's grpc:// address (a TPU node's route, not followed here) are refused, and so are
+    --tpu_zone and --gcp_project without a slice's name, which would place nothing."""
+    if not tpu_name:
+        raise UsageError(
+            f"--tpu_name {tpu_name!r} names no TPU: pass --tpu_name local (the default) to train "
+            f"on this VM's TPU ({SINGLE_HOST_TYPES}), or a pod slice's name to train the slice "
+            f"from its worker 0, or {NO_TPU_ADVICE}."
+        )
+    if "://" in tpu_name:
+        raise UsageError(
+            f"--tpu_name {tpu_name} is a TPU worker's address, a TPU node's route, which this "
+            "pipeline does not follow: pass --tpu_name local (the default) on a TPU VM, or a pod "
+            f"slice's name on the slice's worker 0, or {NO_TPU_ADVICE}."
+        )
     named = {"--tpu_zone": tpu_zone, "--gcp_project": gcp_project}
     given = [f"{flag} {value}" for flag, value in named.items() if value is not None]
-    if tpu_name != "local":  # '' too: TensorFlow would look the TPU up by the VM's metadata
-        given.insert(0, f"--tpu_name {tpu_name or repr(tpu_name)}")
-    if given:
+    if given and not tpu_slice.is_named_slice(tpu_name):
         raise UsageError(
-            f"{' '.join(given)} asks for a TPU slice or node by name, which this pipeline does "
-            "not start: "
-            f"it trains on the TPU of the VM it runs on ({SINGLE_HOST_TYPES}); run it there "
-            f"with --tpu_name local (the default) and no --tpu_zone or --gcp_project, or "
-            f"{NO_TPU_ADVICE}."
+            f"{' '.join(given)} places a pod slice for the Cloud TPU API, which --tpu_name local "
+            f"(the TPU of the VM this runs on: {SINGLE_HOST_TYPES}) does not use: drop "
+            f"{' and '.join(flag for flag, value in named.items() if value is not None)}, or give "
+            "the slice's name with --tpu_name."
         )
+
+
+def prepare_slice_client(hardware):
+    """This process as the client of a pod slice's TPU workers, by Google's route (tpu_slice.py):
+    cloud-tpu-client there, TPU_LOAD_LIBRARY=0 and none of PJRT's variables (a value the user
+    left in the environment is removed: it would make this process start worker 0's chips, which
+    the worker service holds), the MLIR bridge on as Google's CI turns it on for pods, the
+    workers' TensorFlow the same as this one's; then TensorFlow imported, loading no TPU."""
+    tpu_slice.check_cloud_tpu_client(hardware.tpu_name)
+    if "tensorflow" in sys.modules:
+        if os.environ.get("TPU_LOAD_LIBRARY") != "0" or any(map(os.environ.get, PLUGIN_VARIABLES)):
+            raise UsageError(
+                "TensorFlow was imported before this process was set up as the slice's client: "
+                "call mlm_pipeline.tpu_runtime.prepare_runtime() before importing TensorFlow, or "
+                "run the script in a fresh process."
+            )
+        return  # set up already: the scripts' main() did it, and tpu_strategy() asks again
+    for name in PLUGIN_VARIABLES:
+        os.environ.pop(name, None)
+    os.environ["TPU_LOAD_LIBRARY"] = "0"  # common.py's export_env_variables, for a pod
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if "--tf_mlir_enable_mlir_bridge" not in flags:
+        os.environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
+    tpu_slice.check_workers_tensorflow(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
+    with tensorflow_startup_log_held_back():  # shown if the import fails
+        import tensorflow  # noqa: F401
 
 
 def attached_tpu_chips():
@@ -364,17 +413,20 @@ def import_tensorflow(library):
 
 
 def tpu_strategy(hardware):
-    """A TPUStrategy over the TPU VM's chips, by the route of TensorFlow's guide "Use TPUs" and
-    Google's Cloud TPU TensorFlow pages: the resolver ('local': the TPU attached to this VM),
-    connected to (nothing to do for 'local'), the TPU system initialized, the strategy. A TPU that
-    does not start is one line with TensorFlow's own reason, from its held-back log if its error
-    says too little."""
+    """A TPUStrategy over the TPU VM's chips, or a pod slice's, by the route of TensorFlow's guide
+    "Use TPUs" and Google's Cloud TPU TensorFlow pages: the resolver ('local': the TPU attached to
+    this VM; a slice's name: its hosts, looked up in the Cloud TPU API in --tpu_zone and
+    --gcp_project, this VM's when not given), connected to (nothing to do for 'local'), the TPU
+    system initialized, the strategy. A TPU that does not start is one line with TensorFlow's own
+    reason, from its held-back log if its error says too little."""
     prepare_runtime(hardware)  # done already by the scripts' main()
     import tensorflow as tf
 
     with tensorflow_startup_log_held_back() as log:
         try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=hardware.tpu_name)
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu=hardware.tpu_name, zone=hardware.tpu_zone, project=hardware.gcp_project
+            )
             tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
             return tf.distribute.TPUStrategy(resolver)

@@ -9,11 +9,15 @@ What the machine is, from the environment (tests/test_tpu_runtime.py sets it):
                            look at /sys/bus/pci/devices (tpu_runtime.PCI_DEVICES)
     FAKE_LIBTPU_LOCK_FILE  the file that stands for libtpu's lock (tpu_runtime.LIBTPU_LOCK_FILE)
     HIDE_LIBTPU            if set, the `libtpu` package cannot be found, as without the TPU set
+    FAKE_METADATA_URL      the metadata server's attributes of this VM (tpu_slice.METADATA_URL)
+    FAKE_TPU_RUNTIME_SERVICE  the TPU worker service's unit file (tpu_slice.TPU_RUNTIME_SERVICE)
+    HIDE_CLOUD_TPU_CLIENT  if set, the `cloud_tpu_client` package cannot be found
     RECORD_TENSORFLOW_IMPORT  if set, a file: when TensorFlow is first imported, the environment
                            variables that decide how it starts are written there as JSON, and the
                            process ends (status 0) before TensorFlow loads
 
-A fake libtpu package (a folder holding libtpu/libtpu.so) goes on PYTHONPATH.
+A fake libtpu package (a folder holding libtpu/libtpu.so) goes on PYTHONPATH, and a fake
+cloud_tpu_client package there stands for the Cloud TPU API.
 """
 
 import importlib.abc
@@ -52,12 +56,16 @@ class TensorflowImportRecorder(importlib.abc.MetaPathFinder):
 def main():
     script, *args = sys.argv[1:]
     sys.path.insert(0, str(REPO))  # where `python SCRIPT` finds mlm_pipeline
-    from mlm_pipeline import tpu_runtime
+    from mlm_pipeline import tpu_runtime, tpu_slice
 
     tpu_runtime.PCI_DEVICES = os.environ["FAKE_PCI_DEVICES"]
     tpu_runtime.LIBTPU_LOCK_FILE = os.environ["FAKE_LIBTPU_LOCK_FILE"]
+    tpu_slice.METADATA_URL = os.environ["FAKE_METADATA_URL"]
+    tpu_slice.TPU_RUNTIME_SERVICE = os.environ["FAKE_TPU_RUNTIME_SERVICE"]
     if os.environ.get("HIDE_LIBTPU"):
         sys.modules["libtpu"] = None  # importlib.util.find_spec("libtpu") is None now
+    if os.environ.get("HIDE_CLOUD_TPU_CLIENT"):
+        sys.modules["cloud_tpu_client"] = None
     if os.environ.get("RECORD_TENSORFLOW_IMPORT"):
         sys.meta_path.insert(0, TensorflowImportRecorder(os.environ["RECORD_TENSORFLOW_IMPORT"]))
     sys.argv = [str(REPO / script), *args]

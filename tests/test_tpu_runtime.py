@@ -4,23 +4,31 @@ A script asking for a TPU must have PJRT's variables in its environment when Ten
 imported, and none under --no_tpu; a machine whose TPU cannot start must give one line, before
 TensorFlow loads and before anything is written. Each case runs the script in a subprocess through
 tests/fake_tpu_machine.py: a folder stands for the PCI devices Linux lists, a file for libtpu's
-lock, a folder for the libtpu package, and the first `import tensorflow` is recorded instead of
-done (a run that reached it without its line would end there, with status 0). No TPU is needed,
-and none was at hand: what a real TPU does past these checks is not tested here.
+lock, a folder for the libtpu package, a server on 127.0.0.1 for the VM's metadata server, a fake
+cloud_tpu_client package for the Cloud TPU API, and the first `import tensorflow` is recorded
+instead of done (a run that reached it without its line would end there, with status 0). No TPU is
+needed, and none was at hand: what a real TPU, or a pod slice, does past these checks is not tested
+here.
 """
 
+import http.server
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from helpers import REPO, subprocess_env
 from refusals import refused
 
-from mlm_pipeline import storage, tf_startup, tpu_runtime
+from mlm_pipeline import hosts, storage, tf_startup, tpu_runtime, tpu_slice
+from mlm_pipeline.errors import UsageError
 
 # The least each script needs to reach its start-up (what follows is never reached here).
 COMMANDS = {
@@ -60,11 +68,60 @@ def distribution(packages, name, version):
     (record / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
+class MetadataServer(http.server.ThreadingHTTPServer):
+    """The metadata server of a TPU VM, on 127.0.0.1: `answers` {attribute: text} as Compute
+    Engine gives them to a request with the header Metadata-Flavor: Google, 404 otherwise;
+    `requests`, the attributes asked for."""
+
+    def __init__(self, answers):
+        super().__init__(("127.0.0.1", 0), MetadataHandler)
+        self.answers, self.requests = answers, []
+        self.url = (
+            f"http://127.0.0.1:{self.server_address[1]}/computeMetadata/v1/instance/attributes"
+        )
+
+
+class MetadataHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        key = self.path.rsplit("/", 1)[-1]
+        self.server.requests.append(key)
+        answer = self.server.answers.get(key)
+        if self.headers.get("Metadata-Flavor") != "Google" or answer is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(answer.encode())
+
+    def log_message(self, *arguments):  # no request log on the test's output
+        pass
+
+
+# A single-host TPU VM's metadata: one host in worker-network-endpoints (name:id:address).
+ONE_HOST = {
+    "worker-network-endpoints": "t1v-n-5a1b-w-0:t1v-n-5a1b-w-0:10.130.0.2",
+    "agent-worker-number": "0",
+    "accelerator-type": "v6e-8",
+}
+
+
 @pytest.fixture
-def machine(tmp_path):
+def metadata():
+    """The VM's metadata server, answering as a single-host TPU VM's; the test changes answers."""
+    server = MetadataServer(dict(ONE_HOST))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def machine(tmp_path, metadata):
     """A TPU VM with 8 v6e chips and the TPU set's tensorflow_tpu and libtpu packages, its TPU
-    free; the test changes what it needs. Returns (environment for the subprocess, the fake
-    libtpu.so)."""
+    free, one host by its metadata server; the test changes what it needs. Returns (environment
+    for the subprocess, the fake libtpu.so)."""
     packages = tmp_path / "packages"
     (packages / "libtpu").mkdir(parents=True)
     (packages / "libtpu" / "__init__.py").write_text("")
@@ -73,15 +130,26 @@ def machine(tmp_path):
     distribution(packages, "libtpu", LIBTPU)
     distribution(packages, "tensorflow_tpu", TENSORFLOW_TPU)
     env = subprocess_env()
-    for name in (*tpu_runtime.PLUGIN_VARIABLES, "TF_XLA_FLAGS", "TPU_LOAD_LIBRARY"):
+    for name in (
+        *tpu_runtime.PLUGIN_VARIABLES,
+        "TF_XLA_FLAGS",
+        "TPU_LOAD_LIBRARY",
+        *SLICE_VARIABLES,
+    ):
         env.pop(name, None)
     env.update(
         FAKE_PCI_DEVICES=str(pci_devices(tmp_path / "pci", 8, V6E)),
         FAKE_LIBTPU_LOCK_FILE=str(tmp_path / "libtpu_lockfile"),
+        FAKE_METADATA_URL=metadata.url,
+        FAKE_TPU_RUNTIME_SERVICE=str(tmp_path / "tpu-runtime.service"),  # none unless written
         PYTHONPATH=str(packages),
         RECORD_TENSORFLOW_IMPORT=str(tmp_path / "tensorflow_import.json"),
     )
     return env, library
+
+
+# What else tells a process where its TPU is: GKE's slice variables, and the metadata server's host.
+SLICE_VARIABLES = ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_SKIP_MDS_QUERY", "GCE_METADATA_IP")
 
 
 def run_on(env, script, *args):
@@ -164,10 +232,11 @@ def refused_on(env, tmp_path, script, *needles, args=()):
 
 
 @pytest.mark.parametrize("script", sorted(COMMANDS))
-def test_no_tpu_attached_is_one_line(machine, tmp_path, script):
+def test_no_tpu_attached_is_one_line(machine, metadata, tmp_path, script):
     env, _ = machine
     env["FAKE_PCI_DEVICES"] = str(pci_devices(tmp_path / "no_tpu", 0, V6E))
     refused_on(env, tmp_path, script, "no TPU is attached to this machine", "--no_tpu")
+    assert metadata.requests == []  # a machine without TPU chips never asks the metadata server
 
 
 def test_tpu7x_is_named_as_one_tensorflow_cannot_drive(machine, tmp_path):
@@ -226,16 +295,276 @@ def test_libtpus_own_off_switch_is_named(machine, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flags, needle",
+    "flags, needles",
     [
-        (["--tpu_name", "my-v4-32"], "--tpu_name my-v4-32"),
-        (["--tpu_name", ""], "--tpu_name ''"),
-        (["--tpu_zone", "us-central2-b", "--gcp_project", "p"], "--tpu_zone us-central2-b"),
+        (["--tpu_name", ""], ["--tpu_name ''", "names no TPU", "v6e-8"]),
+        (["--tpu_name", "grpc://10.0.0.2:8470"], ["grpc://10.0.0.2:8470", "TPU node's route"]),
+        (
+            ["--tpu_zone", "us-central2-b", "--gcp_project", "p"],
+            ["--tpu_zone us-central2-b --gcp_project p", "--tpu_name local", "v6e-8"],
+        ),
     ],
 )
-def test_a_slice_or_node_by_name_is_refused(machine, tmp_path, flags, needle):
+def test_a_tpu_name_that_names_nothing_here_is_refused(machine, tmp_path, flags, needles):
+    """No name, a TPU worker's address, or a zone and project for this VM's own TPU."""
     env, _ = machine
-    refused_on(env, tmp_path, "run_mlm.py", needle, "v6e-8", args=flags)
+    refused_on(env, tmp_path, "run_classifier.py", *needles, args=flags)
+
+
+# --------------------------------------------------------------------------------------------------
+# A pod slice: trained from its worker 0 by Google's route (tpu_slice.py), or its host recognised.
+
+SLICE = ["--tpu_name", "my-v5e-16", "--tpu_zone", "us-east1-c", "--gcp_project", "my-project"]
+GCS_PATHS = ["--train_dataset", "gs://my-bucket/shards/train", "--output_dir", "gs://my-bucket/out"]
+# The Cloud TPU API as cloud-tpu-client's Client gives it: each Client's arguments written to
+# FAKE_CLOUD_TPU_RECORD, one JSON line each; the slice's runtime version from FAKE_RUNTIME_VERSION
+# ("lookup fails": the client's error for a slice it cannot find).
+FAKE_CLOUD_TPU_CLIENT = """import json, os
+
+
+class Client:
+    def __init__(self, tpu=None, zone=None, project=None, credentials="default", service=None,
+                 discovery_url=None):
+        with open(os.environ["FAKE_CLOUD_TPU_RECORD"], "a") as record:
+            record.write(json.dumps({"tpu": tpu, "zone": zone, "project": project}) + "\\n")
+
+    def runtime_version(self):
+        version = os.environ.get("FAKE_RUNTIME_VERSION")
+        if version == "lookup fails":
+            raise ValueError("Could not lookup TPU metadata from name 'my-v5e-16'. Please "
+                             "doublecheck the tpu argument in the TPUClusterResolver constructor.")
+        return version
+"""
+
+
+def client_release():
+    """X.Y.Z of the fake machine's TensorFlow (its tensorflow_tpu record), as the pod client reads
+    it: tpu_slice.installed_tensorflow() takes the TPU build before the CPU build."""
+    return tpu_slice.release(TENSORFLOW_TPU)
+
+
+def another_release():
+    """A TensorFlow release that is not the installed one."""
+    return "2.18.0" if client_release() != "2.18.0" else "2.19.0"
+
+
+@pytest.fixture
+def cloud_tpu_api(machine, tmp_path):
+    """The machine, with the fake cloud_tpu_client installed and the slice's image at this
+    TensorFlow; returns (env, the file the Client calls are recorded in)."""
+    env, _ = machine
+    package = tmp_path / "packages" / "cloud_tpu_client"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "client.py").write_text(FAKE_CLOUD_TPU_CLIENT)
+    record = tmp_path / "cloud_tpu_calls.jsonl"
+    env.update(
+        FAKE_CLOUD_TPU_RECORD=str(record),
+        FAKE_RUNTIME_VERSION=f"tpu-vm-tf-{client_release()}-pod-pjrt",
+    )
+    return env, record
+
+
+@pytest.mark.parametrize("script", sorted(COMMANDS))
+def test_a_pod_client_leaves_the_chips_to_the_workers(cloud_tpu_api, metadata, tmp_path, script):
+    """--tpu_name SLICE: the client imports TensorFlow with TPU_LOAD_LIBRARY=0 and none of PJRT's
+    variables (even those left in the environment), after the Cloud TPU API was asked for the
+    slice in the zone and project given; it does not ask the metadata server whether this VM is a
+    slice's host, and needs no libtpu."""
+    env, record = cloud_tpu_api
+    env.update(PJRT_DEVICE="TPU", TF_PLUGGABLE_DEVICE_LIBRARY_PATH="/lib/libtpu.so")
+    env["HIDE_LIBTPU"] = "1"
+    paths = GCS_PATHS if script == "run_mlm.py" else ["--output_dir", tmp_path / "out"]
+    seen = environment_at_import(env, script, *SLICE, *paths)
+    assert seen == {"TPU_LOAD_LIBRARY": "0", "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true"}
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls == [{"tpu": "my-v5e-16", "zone": "us-east1-c", "project": "my-project"}]
+    assert metadata.requests == []
+
+
+def test_readmes_pod_command_passes_the_command_line_checks():
+    """The command README gives for worker 0 of a slice is one the local-path check lets through."""
+    import run_mlm
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("**A TPU pod slice**", 1)[1].split("\n**", 1)[0]
+    command = re.search(r"python run_mlm\.py (.+?)\n *```", section, re.DOTALL).group(1)
+    settings = run_mlm.parse_args(command.replace("\\\n", " ").split())
+    assert settings.hardware.tpu_name == "my-slice"
+    assert settings.data.train_dataset.startswith("gs://")
+
+
+def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
+    """tpu_strategy's TPUClusterResolver, spied: the slice's name, zone and project; a slice it
+    cannot resolve is one line with the resolver's reason."""
+    import tensorflow as tf
+
+    asked = []
+
+    class Resolver:
+        def __init__(self, **arguments):
+            asked.append(arguments)
+            raise ValueError("Could not lookup TPU metadata from name 'my-v5e-16'.")
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    monkeypatch.setattr(tpu_runtime, "prepare_runtime", lambda hardware: None)  # a test process
+    hardware = hosts.Hardware(tpu_name="my-v5e-16", tpu_zone="us-east1-c", gcp_project="my-project")
+    with pytest.raises(UsageError, match="Could not lookup TPU metadata from name 'my-v5e-16'"):
+        tpu_runtime.tpu_strategy(hardware)
+    assert asked == [{"tpu": "my-v5e-16", "zone": "us-east1-c", "project": "my-project"}]
+
+
+def test_a_pod_client_asked_again_after_tensorflow_loaded(monkeypatch):
+    """tpu_strategy() asks prepare_runtime() again once TensorFlow is loaded: with the client's
+    environment it asks the Cloud TPU API no second time; with PJRT's variables, TensorFlow was
+    loaded the wrong way, and that is one line."""
+    import tensorflow  # noqa: F401
+
+    monkeypatch.setattr(tpu_slice, "check_cloud_tpu_client", lambda tpu_name: None)
+    monkeypatch.setattr(tpu_slice, "check_workers_tensorflow", pytest.fail)
+    for name in tpu_runtime.PLUGIN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_LOAD_LIBRARY", "0")
+    hardware = hosts.Hardware(tpu_name="my-v5e-16")
+    tpu_runtime.prepare_runtime(hardware)
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    with pytest.raises(UsageError, match="TensorFlow was imported before this process was set up"):
+        tpu_runtime.prepare_runtime(hardware)
+
+
+@pytest.mark.parametrize(
+    "runtime, service, needles",
+    [
+        (
+            "tpu-vm-tf-{other}-pod-pjrt",
+            None,
+            ["TensorFlow {other} (its runtime version tpu-vm-tf-{other}-pod-pjrt)", "{client}"],
+        ),
+        (
+            "v2-alpha-tpuv5",
+            "TF_DOCKER_URL=gcr.io/cloud-tpu-v2-images/grpc_tpu_worker:tf-{other}-pjrt",
+            ["TensorFlow {other} (the image of this host's TPU worker service", "{client}"],
+        ),
+        (
+            "v2-alpha-tpuv5",
+            None,
+            ["cannot be told", "v2-alpha-tpuv5", "--version tpu-vm-tf-{client}-pod-pjrt"],
+        ),
+    ],
+    ids=["runtime version", "worker service", "neither"],
+)
+def test_workers_on_another_tensorflow_are_named(
+    cloud_tpu_api, tmp_path, runtime, service, needles
+):
+    """Client and workers must run the same TensorFlow: the slice's runtime version, else the
+    image Google's CI gives each host's worker service, says the workers'; neither is a refusal."""
+    env, _ = cloud_tpu_api
+    versions = {"other": another_release(), "client": client_release()}
+    env["FAKE_RUNTIME_VERSION"] = runtime.format(**versions)
+    if service:
+        with open(env["FAKE_TPU_RUNTIME_SERVICE"], "w") as unit:
+            unit.write(f'[Service]\nEnvironment="{service.format(**versions)}"\n')
+    needles = [needle.format(**versions) for needle in needles]
+    refused_on(env, tmp_path, "run_classifier.py", *needles, args=SLICE)
+
+
+def test_a_slice_the_api_cannot_find_is_one_line(cloud_tpu_api, tmp_path):
+    env, _ = cloud_tpu_api
+    env["FAKE_RUNTIME_VERSION"] = "lookup fails"
+    refused_on(
+        env,
+        tmp_path,
+        "run_classifier.py",
+        "the Cloud TPU API did not describe the slice (zone us-east1-c, project my-project)",
+        "Could not lookup TPU metadata",
+        "gcloud compute tpus tpu-vm list",
+        args=SLICE,
+    )
+
+
+def test_a_pod_client_without_cloud_tpu_client_points_at_the_pod_set(cloud_tpu_api, tmp_path):
+    env, _ = cloud_tpu_api
+    env["HIDE_CLOUD_TPU_CLIENT"] = "1"
+    refused_on(
+        env,
+        tmp_path,
+        "run_classifier.py",
+        "cloud-tpu-client",
+        "requirements-tpu-google.txt",
+        args=SLICE,
+    )
+
+
+@pytest.mark.parametrize(
+    "paths, flag",
+    [
+        ([], "--train_dataset shards/train"),  # COMMANDS' local shards
+        (["--train_dataset", "gs://my-bucket/shards/train"], "--output_dir"),  # refused_on's output
+    ],
+)
+def test_a_slice_with_a_local_path_is_refused(cloud_tpu_api, tmp_path, paths, flag):
+    """The slice's hosts read the shards and write the checkpoints: gs:// only, refused as the
+    command line is read, before the Cloud TPU API is asked."""
+    env, record = cloud_tpu_api
+    refused_on(env, tmp_path, "run_mlm.py", flag, "cannot reach", "gs://", args=[*SLICE, *paths])
+    assert not record.exists()
+
+
+@pytest.mark.parametrize("worker, where", [("2", "on worker 0 (`gcloud"), ("0", "slice here")])
+def test_a_host_of_a_multi_host_slice_is_told_the_pod_route(
+    machine, metadata, tmp_path, worker, where
+):
+    """--tpu_name local on a host of a 4-host v5litepod-16, by its metadata server: one line, at
+    once, instead of libtpu's wait for the other hosts."""
+    env, _ = machine
+    metadata.answers.update(
+        {
+            "worker-network-endpoints": ",".join(
+                f"t1v-n-5a1b-w-{host}:t1v-n-5a1b-w-{host}:10.130.0.{host + 2}" for host in range(4)
+            ),
+            "agent-worker-number": worker,
+            "accelerator-type": "v5litepod-16",
+        }
+    )
+    refused_on(
+        env,
+        tmp_path,
+        "run_mlm.py",
+        f"this VM is worker {worker} of a 4-host TPU slice (v5litepod-16)",
+        where,
+        "--tpu_name and the slice's name",
+        "README.md",
+    )
+
+
+def test_a_metadata_server_that_does_not_answer_is_not_waited_for(monkeypatch):
+    """A server that takes the connection and never answers, and one that refuses it: no slice is
+    seen, within the metadata timeout."""
+    monkeypatch.setattr(tpu_slice, "METADATA_TIMEOUT", 0.5)
+    for name in SLICE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as silent, socket.socket() as closed:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections queue, and nobody answers them
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        for server in (silent, closed):
+            url = (
+                f"http://127.0.0.1:{server.getsockname()[1]}/computeMetadata/v1/instance/attributes"
+            )
+            monkeypatch.setattr(tpu_slice, "METADATA_URL", url)
+            started = time.monotonic()
+            assert tpu_slice.slice_host() is None
+            assert time.monotonic() - started < 1.5
+
+
+def test_gke_says_it_without_the_metadata_server(monkeypatch):
+    """On GKE, TPU_WORKER_HOSTNAMES lists the slice's hosts (JAX's GkeTpuCluster reads it)."""
+    monkeypatch.setattr(tpu_slice, "METADATA_URL", "http://127.0.0.1:9/never/asked")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0,host-1")
+    monkeypatch.setenv("TPU_WORKER_ID", "1")
+    assert tpu_slice.slice_host() == tpu_slice.SliceHost("1", 2, None)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-0")
+    assert tpu_slice.slice_host() is None
 
 
 def test_a_plugin_that_does_not_load_gives_tensorflows_reason(machine, tmp_path):
