@@ -211,14 +211,15 @@ class Speed:
     """How each step runs on the hardware: the same updates at another cost (but for the batch)."""
 
     per_replica_batch_size: int = setting(
-        "Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
+        "Sequences of each replica's batch (a TPU core, a GPU, a CPU split); a step takes "
+        "--gradient_accumulation_steps batches.",
         8,
         type=positive_int,
     )
     gradient_accumulation_steps: int = setting(
-        "Batches of --per_replica_batch_size each replica accumulates the gradients of before an "
-        "optimizer step, as in transformers' Trainer: a global batch of replicas x per-replica "
-        "batch x this, with one batch's activations in memory at a time.",
+        "Accumulate the gradients of this many batches of --per_replica_batch_size on each "
+        "replica before each optimizer step, as transformers' Trainer does: a global batch of "
+        "replicas x per-replica batch x this, one batch's activations in memory at a time.",
         1,
         type=positive_int,
     )
