@@ -105,3 +105,21 @@ def test_a_global_batch_larger_than_the_data_names_the_accumulation():
         "100 train sequences of --train_dataset; lower --per_replica_batch_size or "
         "--gradient_accumulation_steps or add data."
     )
+
+
+def test_each_host_reads_its_replicas_accumulated_batches(monkeypatch):
+    """On two hosts of four replicas each, 2 batches of 4 accumulated: each host's pipeline batches
+    8 sequences a replica, and an epoch lasts as long as its files give whole global batches."""
+    import tensorflow as tf
+
+    monkeypatch.setattr(hosts, "input_pipeline_count", lambda strategy: 2)
+    two_files = {
+        "files": ["train-00000.tfrecord", "train-00001.tfrecord"],
+        "shards": [{"records": 1000}, {"records": 1000}],
+        "records": 2000,
+    }
+    plan = hosts.InputPlan(StandInStrategy(8), two_files, "--train_dataset", 4, 2)
+    assert plan.global_batch_size == 64 and plan.steps_per_epoch == 1000 // 32
+    second_host = plan.pipeline_input(tf.distribute.InputContext(2, 1, 8), start_step=5)
+    assert second_host.files == ["train-00001.tfrecord"] and second_host.batch_size == 8
+    assert (second_host.batches_per_epoch, second_host.start_batch) == (31 * 4, 5 * 4)
