@@ -212,12 +212,15 @@ class Speed:
     """How each step runs on the hardware: the same updates at another cost (but for the batch)."""
 
     per_replica_batch_size: int = setting(
-        "Sequences each replica (a TPU core, a GPU, a CPU split) takes at each step.",
+        "Sequences of each replica's batch (a TPU core, a GPU, a CPU split); a step takes "
+        "--gradient_accumulation_steps batches.",
         8,
         type=positive_int,
     )
     gradient_accumulation_steps: int = setting(
-        "Split each replica's batch into this many micro-batches: the same step, in less memory.",
+        "Accumulate the gradients of this many batches of --per_replica_batch_size on each "
+        "replica before each optimizer step, as transformers' Trainer does: a global batch of "
+        "replicas x per-replica batch x this, one batch's activations in memory at a time.",
         1,
         type=positive_int,
     )
@@ -237,13 +240,6 @@ class Speed:
         1,
         type=positive_int,
     )
-
-    def __post_init__(self):
-        if self.per_replica_batch_size % self.gradient_accumulation_steps:
-            raise UsageError(
-                f"--gradient_accumulation_steps {self.gradient_accumulation_steps} must divide "
-                f"--per_replica_batch_size {self.per_replica_batch_size} into equal micro-batches."
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -752,7 +748,8 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
         # on a CPU. The steps run as written, and so do the layers they call.
         @tf.autograph.experimental.do_not_convert
         def train_step(self, data):
-            """One optimizer step on the mean loss over the batch's masked positions."""
+            """One optimizer step on the mean loss over the batch's masked positions (with
+            accumulation, over all the N batches the replica accumulates)."""
             features, labels = data
             count = masked_count(labels)
             # Each replica's gradients are summed across replicas, so each contributes its share.
@@ -781,9 +778,10 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
 
 
 def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
-    """--gradient_accumulation_steps N: the batch's summed loss and gradients from N micro-batches
-    in a while loop, one micro-batch's activations at a time. Each is scaled by the whole batch's
-    `scale`: N x (B/N) sequences give B's gradients exactly, the same step in less memory."""
+    """--gradient_accumulation_steps N: each replica's data holds N batches of
+    --per_replica_batch_size B a step (hosts.InputPlan); their summed loss and gradients, one batch
+    after the other in a while loop, one batch's activations at a time. Each is scaled by the
+    `scale` of all N together: N batches of B give exactly the gradients of one batch of N x B."""
     import tensorflow as tf
 
     def split(tensor):  # fit() may trace a phase with unknown lengths: reshape dynamically
@@ -794,18 +792,18 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     features, labels = tf.nest.map_structure(split, features), split(labels)
     weights = trainer.trainable_variables
 
-    def accumulate(micro, loss_sum, *gradients):
+    def accumulate(index, loss_sum, *gradients):
         with tf.GradientTape() as tape:
-            micro_features = {name: tensor[micro] for name, tensor in features.items()}
-            micro_sum = trainer.summed_loss_and_metrics(micro_features, labels[micro], True)
-            scaled_loss = micro_sum * scale
-        micro_gradients = tape.gradient(scaled_loss, weights)
-        added = [total + tf.convert_to_tensor(g) for total, g in zip(gradients, micro_gradients)]
-        return (micro + 1, loss_sum + micro_sum, *added)
+            batch_features = {name: tensor[index] for name, tensor in features.items()}
+            batch_sum = trainer.summed_loss_and_metrics(batch_features, labels[index], True)
+            scaled_loss = batch_sum * scale
+        batch_gradients = tape.gradient(scaled_loss, weights)
+        added = [total + tf.convert_to_tensor(g) for total, g in zip(gradients, batch_gradients)]
+        return (index + 1, loss_sum + batch_sum, *added)
 
     zeros = [tf.zeros_like(weight) for weight in weights]
     _, loss_sum, *gradients = tf.while_loop(
-        lambda micro, *_: micro < accumulation_steps,
+        lambda index, *_: index < accumulation_steps,
         accumulate,
         (tf.constant(0), tf.constant(0.0), *zeros),
     )
@@ -881,8 +879,10 @@ def main(settings, callbacks=()):
     named_tokenizer = load_tokenizer(data, settings.model, parent)
     tokenizer = named_tokenizer.tokenizer
     manifests, max_length = read_shards(data, masking, named_tokenizer, parent)
-    batch_size = settings.speed.per_replica_batch_size
-    train_plan, eval_plan = hosts.input_plans(strategy, manifests, batch_size)
+    speed = settings.speed  # training accumulates --gradient_accumulation_steps batches a step
+    train_plan, eval_plan = hosts.input_plans(
+        strategy, manifests, speed.per_replica_batch_size, speed.gradient_accumulation_steps
+    )
     total_steps = steps.total_steps(train_plan.steps_per_epoch)
     short_steps, pieces = sequence_length_warmup(max_length, total_steps, masking)
 

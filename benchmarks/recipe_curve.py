@@ -69,7 +69,8 @@ def curve_callback(args, eval_every, points):
                 data.train_dataset, data.eval_dataset, named
             )
             max_length = manifests[0]["max_length"]
-            train_plan, eval_plan = hosts.input_plans(strategy, manifests, batch_size)
+            accumulation = args.speed.gradient_accumulation_steps  # tokens a step, as run_mlm.py
+            train_plan, eval_plan = hosts.input_plans(strategy, manifests, batch_size, accumulation)
             self.total_steps = args.steps.total_steps(train_plan.steps_per_epoch)
             self.tokens_per_step = train_plan.global_batch_size * max_length
             # The run's evaluation: each replica's batch in turn from one pass of the files.

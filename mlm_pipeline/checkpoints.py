@@ -64,7 +64,7 @@ def resume_settings(settings, config, train_manifest, global_batch_size, total_s
     return json.loads(json.dumps(settings))
 
 
-def prepare_output_dir(output_dir, overwrite_output_dir, settings):
+def prepare_output_dir(output_dir, overwrite_output_dir, settings, plan=None):
     """Start afresh, or check that the checkpoints there belong to this very run so they can be
     resumed.
 
@@ -72,7 +72,9 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
     resumed, and the folder must stop looking finished at once, so that an interruption of the new
     run is resumed when the same command runs again rather than refused. The settings of a new run
     are recorded next to its checkpoints; resuming under other settings would continue a different
-    run, so it is refused.
+    run, so it is refused. `plan`, the training split's hosts.InputPlan, lets that refusal say when
+    the batch differs because --gradient_accumulation_steps now multiplies it
+    (`accumulation_changed`).
     """
     import tensorflow as tf
 
@@ -106,6 +108,13 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
         if not changed:
             return
         if not overwrite_output_dir:
+            why = accumulation_changed(saved.get("global_batch_size"), plan)
+            if why:
+                raise UsageError(
+                    f"--output_dir {output_dir} holds checkpoints of a run with other settings "
+                    f"({', '.join(changed)} differ): {why}, or choose another folder, or pass "
+                    "--overwrite_output_dir to start afresh."
+                )
             raise UsageError(
                 f"--output_dir {output_dir} holds checkpoints of a run with other settings "
                 f"({', '.join(changed)} differ), so resuming them would not continue that run; "
@@ -115,6 +124,32 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings):
         start_afresh()
     tf.io.gfile.makedirs(folder)
     write_whole(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def accumulation_changed(saved_global_batch_size, plan):
+    """Why a run's recorded global batch differs when --gradient_accumulation_steps N > 1 now gives
+    N times the batch it gave before (each replica's batch was split into N micro-batches; now N
+    batches are accumulated, as in transformers' Trainer), and the flags that continue that run at
+    its own batch; None when the batch differs for another reason (or not at all)."""
+    if plan is None or plan.accumulation_steps == 1 or saved_global_batch_size is None:
+        return None
+    accumulation, per_replica = plan.accumulation_steps, plan.per_replica_batch_size
+    if saved_global_batch_size * accumulation != plan.global_batch_size:
+        return None
+    why = (
+        f"--gradient_accumulation_steps {accumulation} now multiplies the batch, as in "
+        f"transformers' Trainer: {accumulation} batches of --per_replica_batch_size {per_replica} "
+        f"a replica, {plan.global_batch_size} sequences a step, where that run split each "
+        f"replica's batch into micro-batches and trained {saved_global_batch_size}"
+    )
+    if per_replica % accumulation:  # its batch without accumulation, in more memory
+        flags = f"--per_replica_batch_size {per_replica} --gradient_accumulation_steps 1"
+    else:  # its micro-batch, accumulated as many times
+        flags = (
+            f"--per_replica_batch_size {per_replica // accumulation} "
+            f"--gradient_accumulation_steps {accumulation}"
+        )
+    return f"{why}; continue it at its own batch: its exact command with {flags}"
 
 
 def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):

@@ -204,17 +204,34 @@ class PipelineInput:
     start_batch: int
 
 
+def global_batch_size(replicas, per_replica_batch_size, accumulation_steps=1):
+    """The sequences of one optimizer step: every replica's `per_replica_batch_size`, times the
+    `accumulation_steps` batches it accumulates (run_mlm.py's --gradient_accumulation_steps), as
+    transformers' Trainer counts its total train batch size (trainer.py's
+    `get_total_train_batch_size`: per-device batch x accumulation steps x data-parallel replicas).
+    The one place the global batch is computed: the input plan, the log, the model card, the
+    preflight and run_settings.json read it from the plan."""
+    return replicas * per_replica_batch_size * accumulation_steps
+
+
 class InputPlan:
     """Which shard files each host's input pipeline reads, and how it batches, for one split.
 
     `steps_per_epoch`: the optimizer steps of one pass. `pipeline_input(context, start_step)`: the
     PipelineInput of the pipeline `strategy.distribute_datasets_from_function` builds for the
     `tf.distribute.InputContext` it hands over, starting at optimizer step `start_step`.
+    `accumulation_steps` N (training with --gradient_accumulation_steps): each replica takes N
+    batches of `per_replica_batch_size` a step, read as one batch N times larger that the train
+    step splits (run_mlm.py's `accumulated_gradients`); the evaluation's plan keeps N = 1.
     """
 
-    def __init__(self, strategy, manifest, flag, per_replica_batch_size):
+    def __init__(self, strategy, manifest, flag, per_replica_batch_size, accumulation_steps=1):
         self.replicas = strategy.num_replicas_in_sync
-        self.global_batch_size = per_replica_batch_size * self.replicas
+        self.per_replica_batch_size = per_replica_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.global_batch_size = global_batch_size(
+            self.replicas, per_replica_batch_size, accumulation_steps
+        )
         self.pipelines = input_pipeline_count(strategy)
         self.files, self.steps_per_epoch = split_between_pipelines(
             manifest, flag, self.pipelines, self.global_batch_size // self.pipelines
@@ -222,15 +239,20 @@ class InputPlan:
         if self.steps_per_epoch == 0:
             across = f" split between {self.pipelines} hosts" if self.pipelines > 1 else ""
             split = "train" if flag == "--train_dataset" else "eval"
+            accumulated = f" x {accumulation_steps} accumulated" if accumulation_steps > 1 else ""
+            lower = "--per_replica_batch_size"
+            if accumulation_steps > 1:
+                lower += " or --gradient_accumulation_steps"
             raise UsageError(
                 f"the global batch of {self.global_batch_size} sequences "
-                f"({per_replica_batch_size} x {self.replicas} replicas) is larger than the "
-                f"{manifest['records']} {split} sequences{across} of {flag}; lower "
-                "--per_replica_batch_size or add data."
+                f"({per_replica_batch_size} x {self.replicas} replicas{accumulated}) is larger "
+                f"than the {manifest['records']} {split} sequences{across} of {flag}; lower "
+                f"{lower} or add data."
             )
 
     def pipeline_input(self, context, start_step=0):
-        # each pipeline yields one batch per replica of its host per step
+        # each pipeline yields one batch per replica of its host per step (N accumulated ones in
+        # one: get_per_replica_batch_size divides the global batch by the replicas)
         per_pipeline = self.replicas // self.pipelines
         start_epoch, steps_into_epoch = divmod(start_step, self.steps_per_epoch)
         return PipelineInput(
@@ -243,10 +265,14 @@ class InputPlan:
         )
 
 
-def input_plans(strategy, manifests, per_replica_batch_size):
-    """The InputPlans of the train and evaluation splits (None without evaluation shards)."""
+def input_plans(strategy, manifests, per_replica_batch_size, accumulation_steps=1):
+    """The InputPlans of the train and evaluation splits (None without evaluation shards); the
+    training accumulates `accumulation_steps` batches a step, the evaluation scores one at a
+    time."""
     flags = ("--train_dataset", "--eval_dataset")
     return [
-        InputPlan(strategy, manifest, flag, per_replica_batch_size) if manifest else None
-        for manifest, flag in zip(manifests, flags)
+        InputPlan(strategy, manifest, flag, per_replica_batch_size, accumulation)
+        if manifest
+        else None
+        for manifest, flag, accumulation in zip(manifests, flags, (accumulation_steps, 1))
     ]

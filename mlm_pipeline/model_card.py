@@ -185,8 +185,11 @@ def training_data(manifests, data, tokenizer):
 def training_procedure(config, mask, global_batch_size, max_length, schedule, settings):
     """The settings table: architecture, batch, steps, optimizer, schedule, masking."""
     total_steps, steps_per_epoch = schedule.total_steps, schedule.plan.steps_per_epoch
-    masking, speed = settings.masking, settings.speed
-    per_replica = speed.per_replica_batch_size
+    masking, speed, plan = settings.masking, settings.speed, schedule.plan
+    per_replica, accumulation = plan.per_replica_batch_size, plan.accumulation_steps
+    per_replica_text = f"{per_replica} per replica"
+    if accumulation > 1:
+        per_replica_text += f" x {accumulation} accumulated"
     rows = [
         ["architecture", config.model_type],
         [
@@ -199,8 +202,8 @@ def training_procedure(config, mask, global_batch_size, max_length, schedule, se
         ],
         [
             "batch",
-            f"{global_batch_size} sequences of {max_length} tokens ({per_replica} per replica, "
-            f"{global_batch_size // per_replica} replica(s))",
+            f"{global_batch_size} sequences of {max_length} tokens ({per_replica_text}, "
+            f"{plan.replicas} replica(s))",
         ],
         [
             "steps",
@@ -216,9 +219,9 @@ def training_procedure(config, mask, global_batch_size, max_length, schedule, se
                 f"into pieces of {masking.short_sequence_length} tokens, as many tokens a step",
             ]
         )
-    if speed.gradient_accumulation_steps > 1:
-        accumulation = f"{speed.gradient_accumulation_steps} micro-batches a step"
-        rows.append(["gradient accumulation", accumulation])
+    if accumulation > 1:
+        accumulated = f"{accumulation} batches of {per_replica} per replica, one optimizer step"
+        rows.append(["gradient accumulation", accumulated])
     rows += [
         ["optimizer", optimizer(settings.optimizer)],
         ["learning rate", learning_rate(settings.optimizer, total_steps)],

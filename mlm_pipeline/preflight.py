@@ -234,15 +234,16 @@ def out_of_memory(error):
 
 
 def lower_the_batch(per_replica_batch_size, max_length, max_length_flag, accumulation_steps=None):
-    """What to lower when a batch does not fit, with the values given."""
+    """What to lower when a batch does not fit, with the values given. With `accumulation_steps`
+    (run_mlm.py's --gradient_accumulation_steps, which multiplies the global batch): half the
+    batch a replica, twice the batches accumulated, the same global batch."""
     options = [f"lower --per_replica_batch_size {per_replica_batch_size}"]
-    if accumulation_steps is not None:
-        more = accumulation_steps * 2
-        if per_replica_batch_size % more == 0:
-            options.append(
-                f"keep the batch in smaller pieces with --gradient_accumulation_steps {more}"
-            )
     options.append(f"lower {max_length_flag} {max_length}")
+    if accumulation_steps is not None and per_replica_batch_size % 2 == 0:
+        options.append(
+            f"halve --per_replica_batch_size to {per_replica_batch_size // 2} and double "
+            f"--gradient_accumulation_steps to {accumulation_steps * 2}: the same global batch"
+        )
     return ", or ".join([", ".join(options[:-1]), options[-1]] if len(options) > 1 else options)
 
 

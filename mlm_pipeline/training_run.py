@@ -81,7 +81,9 @@ class TrainingRun:
             recorded = checkpoints.resume_settings(
                 settings, config, manifests[0], self.plan.global_batch_size, self.total_steps
             )
-            checkpoints.prepare_output_dir(output.output_dir, output.overwrite_output_dir, recorded)
+            checkpoints.prepare_output_dir(
+                output.output_dir, output.overwrite_output_dir, recorded, self.plan
+            )
         # nobody reads the checkpoints while the chief may still be clearing them
         hosts.wait_for_every_worker(strategy)
         self.parent = parent
@@ -99,11 +101,14 @@ class TrainingRun:
             keep=self.steps.save_total_limit,
             chief=self.chief,
         )
-        replicas, batch = self.strategy.num_replicas_in_sync, self.plan.global_batch_size
+        replicas, batch = self.plan.replicas, self.plan.global_batch_size
+        per_replica = f"{self.plan.per_replica_batch_size:,} a replica"
+        if self.plan.accumulation_steps > 1:  # --gradient_accumulation_steps multiplies the batch
+            per_replica += f" x {self.plan.accumulation_steps} accumulated"
         print(
             f"Training {type(masked_lm).__name__} ({masked_lm.count_params():,} parameters) on "
             f"{replicas} replica{'s' if replicas > 1 else ''} of {type(self.strategy).__name__}: "
-            f"a global batch of {batch:,} sequences ({batch // replicas:,} a replica) x "
+            f"a global batch of {batch:,} sequences ({per_replica}) x "
             f"{self.max_length} tokens = {self.tokens_per_step:,} tokens a step."
         )
         if self.start_step:

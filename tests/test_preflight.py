@@ -145,8 +145,23 @@ def test_a_batch_that_runs_out_of_memory_is_one_line(
     assert "\n" not in line and line.startswith("run_mlm.py: error: the batch does not fit")
     assert "OOM when allocating tensor" in line
     assert f"lower --per_replica_batch_size {BATCH_SIZE}" in line
-    assert "--gradient_accumulation_steps 4" in line
     assert "lower the shards' --max_length 32" in line
+    # --gradient_accumulation_steps multiplies the batch: half a replica's, twice accumulated
+    same_batch = (
+        f"halve --per_replica_batch_size to {BATCH_SIZE // 2} and double "
+        "--gradient_accumulation_steps to 4: the same global batch."
+    )
+    assert line.endswith(same_batch), line
+    assert not (tmp_path / "model").exists()
+
+
+def test_the_preflight_counts_the_accumulated_batches_in_a_step(
+    shards_dir, tokenizer_dir, tmp_path, capsys
+):
+    argv = run_flags(shards_dir, tokenizer_dir, tmp_path / "model", "--preflight", max_steps=10)
+    report = run_mlm.main(run_mlm.parse_args(argv + ["--gradient_accumulation_steps", "2"]))
+    assert report.sequences_per_step == 2 * BATCH_SIZE  # one replica, 2 batches of 8
+    assert f"({2 * BATCH_SIZE} sequences a step)" in capsys.readouterr().out
     assert not (tmp_path / "model").exists()
 
 

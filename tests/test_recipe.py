@@ -361,6 +361,8 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
 ):
     """Logical CPU devices can only be set up before TensorFlow starts, hence fresh processes."""
     results = {}
+    # one batch of 8 a replica, and 2 batches of 4 accumulated: a global batch of 16 either way
+    per_replica = {1: "8 a replica", 2: "4 a replica x 2 accumulated"}
     for steps in (1, 2):
         output_dir = tmp_path / f"accumulate-{steps}"
         result = run_script(
@@ -372,6 +374,8 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
                 6,
                 "--cpu_replicas",
                 2,
+                "--per_replica_batch_size",
+                8 // steps,
                 "--gradient_accumulation_steps",
                 steps,
                 "--no_pytorch_export",
@@ -380,14 +384,19 @@ def test_warmup_and_accumulation_on_two_cpu_replicas(
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         summary = (
-            "on 2 replicas of MirroredStrategy: a global batch of 16 sequences (8 a replica) x "
-            f"{MAX_LENGTH} tokens = {16 * MAX_LENGTH} tokens a step."
+            f"on 2 replicas of MirroredStrategy: a global batch of 16 sequences "
+            f"({per_replica[steps]}) x {MAX_LENGTH} tokens = {16 * MAX_LENGTH} tokens a step."
         )
         assert summary in result.stdout, result.stdout
         assert "Finished: 6 steps" in result.stdout and "val_perplexity" in result.stdout
         assert (output_dir / "config.json").is_file() and (output_dir / "tokenizer.json").is_file()
         results[steps] = load_weights(output_dir)
-    # N x (B/N) on each of two replicas: the same optimizer steps as B, through both phases.
+    card = (output_dir / contract.MODEL_CARD_NAME).read_text(encoding="utf-8")
+    batch_row = f"16 sequences of {MAX_LENGTH} tokens (4 per replica x 2 accumulated, 2 replica(s))"
+    assert batch_row in card, card
+    assert "2 batches of 4 per replica, one optimizer step" in card, card
+    # 2 batches of 4 accumulated on each of two replicas: the optimizer steps of one batch of 8,
+    # through both phases of the warmup.
     for accumulated, whole in zip(results[2], results[1]):
         np.testing.assert_allclose(accumulated, whole, rtol=1e-4, atol=1e-6)
 
@@ -426,10 +435,13 @@ def one_batch_of_eight(shards_dir, tokenizer_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_accumulated_micro_batches_give_the_step_of_one_batch(
+def test_four_accumulated_batches_of_two_give_the_step_of_one_batch_of_eight(
     jit_compile, one_batch_of_eight, shards_dir, tokenizer_dir, tmp_path
 ):
-    extra = ["--gradient_accumulation_steps", 4] + (["--jit_compile"] if jit_compile else [])
+    """--gradient_accumulation_steps multiplies the batch (as transformers' Trainer): 4 batches of
+    2 make the optimizer step, and the loss, of one batch of 8."""
+    extra = ["--per_replica_batch_size", 2, "--gradient_accumulation_steps", 4]
+    extra += ["--jit_compile"] if jit_compile else []
     weights, logs = train_steps(shards_dir, tokenizer_dir, tmp_path, *extra)
     whole_weights, whole_logs = one_batch_of_eight
     np.testing.assert_allclose(logs["loss"], whole_logs["loss"], rtol=1e-5)
@@ -440,6 +452,13 @@ def test_accumulated_micro_batches_give_the_step_of_one_batch(
         np.testing.assert_allclose(accumulated - initial, whole - initial, rtol=1e-3, atol=1e-7)
         moved += np.abs(whole - initial).max() > 1e-6
     assert moved > len(weights) // 2
+
+
+def test_an_accumulation_that_does_not_divide_the_batch_is_taken(shards_dir, tokenizer_dir):
+    """Each replica accumulates whole batches of --per_replica_batch_size: no split to divide."""
+    argv = training_args(shards_dir, tokenizer_dir, "unused", "--gradient_accumulation_steps", 3)
+    speed = run_mlm.parse_args([str(word) for word in argv]).speed
+    assert (speed.per_replica_batch_size, speed.gradient_accumulation_steps) == (8, 3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -502,10 +521,6 @@ def test_optimizer_flags_reach_the_optimizer_and_clipping_bounds_the_step(
         (
             ["--short_sequence_length", MAX_LENGTH],
             f"--short_sequence_length {MAX_LENGTH} must divide",
-        ),
-        (
-            ["--gradient_accumulation_steps", 3],
-            "--gradient_accumulation_steps 3 must divide --per_replica_batch_size",
         ),
         (
             ["--warmup_ratio", 0.5, "--decay_ratio", 0.6],

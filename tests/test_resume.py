@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 from helpers import TINY_MODEL, kill_when, run_command, start_script, tiny_run_flags
-from refusals import script_in_process
+from refusals import refused, script_in_process
 
 import run_mlm
 from mlm_pipeline import contract, segments
@@ -146,6 +146,47 @@ def test_a_rerun_with_other_settings_is_refused_and_overwrite_starts_afresh(
         (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
     )
     assert settings["learning_rate"] == 3e-4
+
+
+def test_a_run_from_before_accumulation_multiplied_the_batch_is_refused_with_the_flags_to_resume(
+    shards_dir, tokenizer_dir, tmp_path
+):
+    """--gradient_accumulation_steps N used to split each replica's batch into N micro-batches:
+    `--per_replica_batch_size 8 --gradient_accumulation_steps 2` trained 8 sequences a step on one
+    replica, and its run_settings.json says so. The same command now trains 16: resuming is refused
+    in one line that says why and gives the flags that continue the run at its own batch."""
+    output_dir = tmp_path / "run"
+    # what such a run recorded: the global batch of 8 without the accumulation (one batch of 8 a
+    # step, the same stream of sequences), and no other key
+    run_mlm.main(
+        run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, output_dir, "--max_steps", 4))
+    )
+    (output_dir / "config.json").unlink()  # as if the run had been killed before its final save
+    record = output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME
+    assert json.loads(record.read_text())["global_batch_size"] == BATCH_SIZE
+    old_command = training_args(
+        shards_dir, tokenizer_dir, output_dir, "--max_steps", 4, "--gradient_accumulation_steps", 2
+    )
+    line = refused(
+        script_in_process,
+        "run_mlm.py",
+        old_command,
+        output_dir,
+        "(global_batch_size differ)",
+        "--gradient_accumulation_steps 2 now multiplies the batch, as in transformers' Trainer",
+        f"{2 * BATCH_SIZE} sequences a step",
+        f"trained {BATCH_SIZE};",
+        "--overwrite_output_dir",
+    )
+    flags = line.split("its exact command with ", 1)[1].split(",", 1)[0].split()
+    assert flags == ["--per_replica_batch_size", "4", "--gradient_accumulation_steps", "2"]
+
+    # those flags resume it: the same global batch, from the step it reached
+    result = script_in_process("run_mlm.py", *old_command, *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {output_dir / contract.CHECKPOINT_DIR}" in result.stdout
+    assert "a global batch of 8 sequences (4 a replica x 2 accumulated)" in result.stdout
+    assert json.loads(record.read_text())["global_batch_size"] == BATCH_SIZE
 
 
 class Interrupted(BaseException):
