@@ -109,6 +109,16 @@ def read_lines(path):
     return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
 
 
+def fake_tensorflow(folder, source):
+    """A stand-in `tensorflow` package, its __init__.py `source`, in `folder` (which goes first on
+    PYTHONPATH): what a script does when TensorFlow's import crashes, or at the moment it imports
+    it, without TensorFlow. Returns `folder`."""
+    package = Path(folder) / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(source)
+    return Path(folder)
+
+
 def subprocess_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = ""  # only the virtualenv's packages

@@ -11,11 +11,13 @@ and none was at hand: what a real TPU does past these checks is not tested here.
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO, subprocess_env
+from helpers import REPO, fake_tensorflow, subprocess_env
 from refusals import refused
 
 from mlm_pipeline import storage, tf_startup, tpu_runtime
@@ -60,6 +62,8 @@ def machine(tmp_path):
         FAKE_LIBTPU_LOCK_FILE=str(tmp_path / "libtpu_lockfile"),
         PYTHONPATH=str(packages),
         RECORD_TENSORFLOW_IMPORT=str(tmp_path / "tensorflow_import.json"),
+        # where TensorFlow's held-back start-up log goes: a start ended at its import keeps it
+        TMPDIR=str(tmp_path),
     )
     return env, library
 
@@ -224,6 +228,39 @@ def test_a_plugin_that_does_not_load_gives_tensorflows_reason(machine, tmp_path)
         "file too short",
     )
     assert "TF_CPP_MIN_LOG_LEVEL=0" in line
+    # the line names TensorFlow's start-up log, kept for it
+    (kept,) = re.findall(r"TensorFlow's start-up log: (\S+);", line)
+    assert os.path.dirname(kept) == str(tmp_path)
+    assert os.path.getsize(kept) > 0  # what TensorFlow printed as it loaded
+
+
+def test_a_crash_at_tensorflows_import_names_its_log(machine, tmp_path):
+    """TensorFlow's import loads libtpu's plugin; on a TPU VM the failures reported there are
+    segfaults and aborts (tensorflow #82208, #90807): the process dies, and the user is told where
+    TensorFlow's log is, with its last words and the Python traceback."""
+    env, _ = machine
+    del env["RECORD_TENSORFLOW_IMPORT"]
+    fake_tensorflow(env["PYTHONPATH"], SEGFAULTING_TENSORFLOW)
+    result = run_on(env, "run_mlm.py", "--output_dir", tmp_path / "out")
+    assert result.returncode == -signal.SIGSEGV, result.stderr[-3000:]
+    (kept,) = re.findall(
+        r"^the process ended during TensorFlow's start-up; TensorFlow's start-up log, shown "
+        r"above, is kept in (\S+)$",
+        result.stderr,
+        re.MULTILINE,
+    )
+    log = open(kept).read()
+    assert "No TPU platform registered" in log and "Fatal Python error: Segmentation fault" in log
+    assert "import_tensorflow" in log  # tpu_runtime's frame, in faulthandler's traceback
+    assert not (tmp_path / "out").exists()
+
+
+# A TensorFlow whose import dies as the reported ones do: a line of its log, then SIGSEGV.
+SEGFAULTING_TENSORFLOW = """
+import os, signal
+os.write(2, b"E0000 00:00:1795877719.181763  14190 pjrt_api.cc:74] No TPU platform registered\\n")
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
 
 
 def test_tensorflows_reason_comes_with_the_last_error_of_its_held_back_log():
