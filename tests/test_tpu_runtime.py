@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO, fake_tensorflow, subprocess_env
+from helpers import REPO, documented_python, fake_tensorflow, subprocess_env
 from refusals import refused
 
 from mlm_pipeline import storage, tf_startup, tpu_runtime
@@ -121,6 +121,27 @@ def test_no_tpu_sets_none_of_them(machine, tmp_path, script, flag):
     env, _ = machine
     seen = environment_at_import(env, script, flag, "--output_dir", tmp_path / "out")
     assert seen == {"TPU_LOAD_LIBRARY": "0"}
+
+
+def test_the_references_recipe_for_ones_own_code_starts_the_tpu_as_the_scripts_do(
+    machine, tmp_path
+):
+    """docs/reference.md's recipe (tests/test_docs.py runs it off the TPU), run as it is on a TPU
+    VM: PJRT's variables are set when TensorFlow is first imported."""
+    env, library = machine
+    blocks, _ = documented_python("docs/reference.md")
+    (recipe,) = [block for block in blocks if "tpu_runtime.prepare_runtime" in block]
+    (tmp_path / "recipe.py").write_text(recipe)
+    command = [sys.executable, str(REPO / "tests" / "fake_tpu_machine.py"), tmp_path / "recipe.py"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(env["RECORD_TENSORFLOW_IMPORT"]) as file:
+        assert json.load(file) == {
+            "PJRT_DEVICE": "TPU",
+            "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+            "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(library),
+            "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
+        }
 
 
 def refused_on(env, tmp_path, script, *needles, args=()):
