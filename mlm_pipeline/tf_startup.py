@@ -118,7 +118,8 @@ def stderr_held_back(
       in) once, and the block goes on.
     """
     if not active:
-        yield HeldLog(None)
+        with fatal_signal_tracebacks_to(2):  # the log is shown as it comes: the traceback too
+            yield HeldLog(None)
         return
     sys.stderr.flush()
     descriptor, path = tempfile.mkstemp(prefix=f"{name}-{os.getpid()}-", suffix=".log")
@@ -127,11 +128,10 @@ def stderr_held_back(
         watcher = watch_held_log(path, ended, patience, slow and slow.format(path=path))
         stderr_copy = os.dup(2)
         os.dup2(held.fileno(), 2)
-        faulthandler_was_on = faulthandler.is_enabled()
-        faulthandler.enable(file=held, all_threads=True)
         keep = True
         try:
-            yield HeldLog(held, path, title)
+            with fatal_signal_tracebacks_to(held):
+                yield HeldLog(held, path, title)
             keep = False
         except UsageError as error:
             keep = path in str(error)
@@ -146,13 +146,26 @@ def stderr_held_back(
             sys.stderr.flush()
             os.dup2(stderr_copy, 2)
             os.close(stderr_copy)
-            if faulthandler_was_on:  # to stderr, as -X faulthandler or PYTHONFAULTHANDLER has it
-                faulthandler.enable(file=2, all_threads=True)
-            else:
-                faulthandler.disable()
             release_watcher(watcher)
             if not keep:
                 os.remove(path)
+
+
+@contextmanager
+def fatal_signal_tracebacks_to(file):
+    """For the block, a fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE) writes the Python
+    traceback of every thread to `file` (a file or a descriptor) before the process dies
+    (faulthandler); then faulthandler is as it was: off, or on to stderr, as -X faulthandler or
+    PYTHONFAULTHANDLER turn it on."""
+    was_on = faulthandler.is_enabled()
+    faulthandler.enable(file=file, all_threads=True)
+    try:
+        yield
+    finally:
+        if was_on:
+            faulthandler.enable(file=2, all_threads=True)
+        else:
+            faulthandler.disable()
 
 
 # The watcher: a small Python process started beside the block, holding the read end of a pipe

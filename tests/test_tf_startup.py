@@ -156,6 +156,24 @@ def test_an_abort_at_tensorflows_import_leaves_its_log_and_names_it(
     assert log in result.stderr  # replayed, above the line that names it
 
 
+def test_with_the_whole_log_asked_for_an_abort_shows_its_traceback_at_once(
+    corpus, tokenizer_dir, shards_dir, tmp_path
+):
+    """TF_CPP_MIN_LOG_LEVEL=0: nothing is held back, so no file; faulthandler's traceback follows
+    TensorFlow's last words on stderr."""
+    env = subprocess_env()
+    env["PYTHONPATH"] = str(fake_tensorflow(tmp_path / "packages", ABORTING_TENSORFLOW))
+    env["TMPDIR"] = str(tmp_path / "temporary")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    os.mkdir(env["TMPDIR"])
+    args = crash_command("run_mlm.py", corpus, tokenizer_dir, shards_dir, tmp_path / "out")
+    result = run_command("run_mlm.py", *args, env=env)
+    assert result.returncode == -signal.SIGABRT, result.stderr[-3000:]
+    assert "fake TensorFlow gives up\nFatal Python error: Aborted" in result.stderr
+    assert "is kept in" not in result.stderr
+    assert os.listdir(env["TMPDIR"]) == []
+
+
 @pytest.mark.parametrize(
     "script, args",
     [
