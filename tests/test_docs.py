@@ -105,8 +105,8 @@ def ended_well(result):
     """Normally, or refused in one line by this machine (a UsageError, as without a TPU)."""
     if result.returncode == 0:
         return True
-    last_line = result.stderr.strip().splitlines()[-1]
-    return last_line.startswith("mlm_pipeline.errors.UsageError: ")
+    lines = result.stderr.strip().splitlines()
+    return bool(lines) and lines[-1].startswith("mlm_pipeline.errors.UsageError: ")
 
 
 def imports_for(code):
@@ -121,14 +121,19 @@ def imports_for(code):
 
 def test_the_documents_show_the_recipe_for_ones_own_code():
     """What the next tests check is there to check."""
-    shown = {ast.unparse(node.func) for _, _, node in shown_calls()}
+    shown = {ast.unparse(node.func) for _, _, node in SHOWN_CALLS}
     assert {"tpu_runtime.prepare_runtime", "hosts.build_strategy", "run_mlm.main"} <= shown
+
+
+SHOWN_CALLS = shown_calls()
 
 
 @pytest.mark.parametrize(
     "document, code, call",
-    shown_calls(),
-    ids=lambda value: ast.unparse(value) if isinstance(value, ast.AST) else None,
+    SHOWN_CALLS,
+    ids=[
+        f"{document}: {ast.get_source_segment(code, call)}" for document, code, call in SHOWN_CALLS
+    ],
 )
 def test_every_call_shown_binds_to_its_function(document, code, call, tmp_path):
     function = resolve(call)
