@@ -60,7 +60,7 @@ from mlm_pipeline.errors import (
     first_line,
     positive_int,
 )
-from mlm_pipeline.tf_startup import tensorflow_startup_log_held_back
+from mlm_pipeline.tf_startup import keep_off_the_tpu, tensorflow_startup_log_held_back
 
 PACKING = (
     "each non-blank line is tokenized as [CLS] tokens [SEP]; the lines of each block of "
@@ -458,6 +458,7 @@ def write_split_with_beam(args, files, tokenizer, settings, split_dir):
 
 
 def main(args):
+    keep_off_the_tpu()  # this step never uses the TPU, nor do its Beam workers; before TensorFlow
     files = check_args(args)
     # The tokenizer first: a wrong path is reported in a second, not after TensorFlow has loaded.
     name, flag = args.tokenizer_name_or_path, "--tokenizer_name_or_path"

@@ -29,7 +29,7 @@ import itertools
 import json
 import os
 
-from mlm_pipeline import cards, contract, corpus, hub, hub_datasets, storage
+from mlm_pipeline import cards, contract, corpus, hub, hub_datasets, storage, tf_startup
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error, positive_int
 
 # <pad> must be id 1: transformers' TF RoBERTa numbers positions from a padding index fixed at 1
@@ -307,6 +307,7 @@ def save(tokenizer, output_dir):
 
 
 def main(args):
+    tf_startup.keep_off_the_tpu()  # before TensorFlow loads (a gs:// corpus is listed with it)
     files = check_args(args)  # bad input refused in one line; --train_file's files (None: Hub)
     # The Hub repository first: a bad id, a missing login or no network should cost no training.
     repo_id = None

@@ -16,7 +16,9 @@ against the imports.
                                 script exits
     settings               3 4  a training script's settings declared once, as fields of group
                                 dataclasses; its command line built from them
-    tf_startup         1 2 3 4  TensorFlow's start-up log, held back unless start-up fails
+    tf_startup         1 2 3 4  TensorFlow's start-up log, held back in a file whose path is
+                                printed if start-up fails, crashes or is slow; steps 1-2 kept off
+                                the TPU
     storage            1 2 3 4  local or gs:// output folders, checked before any work (a
                                 short-lived probe); files written whole, folders published
     gcs_probe          1 2 3 4  the gs:// paths looked up, and an output's written to, in the

@@ -156,7 +156,12 @@ def run(
     )
     # Beam's local worker processes print every failure's traceback to the stderr they share with
     # this one: held back, it is shown only when the failure is not the user's input.
-    with stderr_held_back(active=local):
+    with stderr_held_back(
+        active=local,
+        name="beam-workers",
+        title="the Beam workers' log",
+        during="the Beam pipeline's run",
+    ):
         try:
             pipeline.run().wait_until_finish()
         except Exception as error:

@@ -408,7 +408,7 @@ def import_tensorflow(library):
             raise UsageError(
                 f"TensorFlow could not load libtpu's PJRT plugin {library} "
                 f"({tensorflow_reason(error, log)}); reinstall requirements-tpu.txt into a fresh "
-                f"virtualenv ({FULL_LOG_ADVICE}), or {NO_TPU_ADVICE}."
+                f"virtualenv ({log.named(FULL_LOG_ADVICE)}), or {NO_TPU_ADVICE}."
             ) from None
 
 
@@ -432,8 +432,8 @@ def tpu_strategy(hardware):
             return tf.distribute.TPUStrategy(resolver)
         except (ValueError, RuntimeError, tf.errors.OpError) as error:
             raise UsageError(
-                f"the TPU did not start ({tensorflow_reason(error, log)}); {FULL_LOG_ADVICE}, or "
-                f"{NO_TPU_ADVICE}."
+                f"the TPU did not start ({tensorflow_reason(error, log)}); "
+                f"{log.named(FULL_LOG_ADVICE)}, or {NO_TPU_ADVICE}."
             ) from None
 
 

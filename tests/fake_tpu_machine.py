@@ -3,6 +3,8 @@ first `import tensorflow` optionally recorded instead of done:
 
     python tests/fake_tpu_machine.py SCRIPT ARGS...
 
+SCRIPT is a root script's name, or the absolute path of any Python file (the reference's recipe).
+
 What the machine is, from the environment (tests/test_tpu_runtime.py sets it):
 
     FAKE_PCI_DEVICES       a folder of PCI devices (`vendor` and `device` files), for the scripts'

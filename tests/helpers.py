@@ -4,9 +4,11 @@ that build files once per session (corpus, tokenizer, shards) stay in conftest.p
 imports these by name: `from helpers import mlm_flags, run_command`.
 """
 
+import ast
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +109,32 @@ def read_lines(path):
     """The lines of a text file as the `text` dataset builder sees them (split on \\n only)."""
     text = Path(path).read_text(encoding="utf-8")
     return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+
+def documented_python(path):
+    """The Python a Markdown file of the repository shows: each ```python block whole, then each
+    inline code span outside the blocks that parses as Python (`module.function(args)`)."""
+    text = (REPO / path).read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    prose = re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL)
+    spans = []
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        try:
+            ast.parse(span)
+        except SyntaxError:
+            continue
+        spans.append(span)
+    return blocks, spans
+
+
+def fake_tensorflow(folder, source):
+    """A stand-in `tensorflow` package, its __init__.py `source`, in `folder` (which goes first on
+    PYTHONPATH): what a script does when TensorFlow's import crashes, or at the moment it imports
+    it, without TensorFlow. Returns `folder`."""
+    package = Path(folder) / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(source)
+    return Path(folder)
 
 
 def subprocess_env():

@@ -176,7 +176,9 @@ def test_a_pipeline_killed_midway_then_rerun_writes_the_whole_split(tokenizer_di
         str(arg)
         for arg in prepare_argv(long_corpus, tokenizer_dir, output_dir, *extra, *TWO_PROCESSES)
     ]
-    script = start_script("prepare_tfrecord_shards.py", *argv, start_new_session=True)
+    # killed while Beam's workers run, it keeps their held-back log in its temporary folder
+    env = {**subprocess_env(), "TMPDIR": str(tmp_path)}
+    script = start_script("prepare_tfrecord_shards.py", *argv, env=env, start_new_session=True)
     split_dir = output_dir / "train"
 
     def three_shards():

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, subprocess_env
+from helpers import REPO, documented_python, fake_tensorflow, subprocess_env
 from refusals import refused
 
 from mlm_pipeline import hosts, storage, tf_startup, tpu_runtime, tpu_slice
@@ -144,6 +145,8 @@ def machine(tmp_path, metadata):
         FAKE_TPU_RUNTIME_SERVICE=str(tmp_path / "tpu-runtime.service"),  # none unless written
         PYTHONPATH=str(packages),
         RECORD_TENSORFLOW_IMPORT=str(tmp_path / "tensorflow_import.json"),
+        # where TensorFlow's held-back start-up log goes: a start ended at its import keeps it
+        TMPDIR=str(tmp_path),
     )
     return env, library
 
@@ -195,7 +198,7 @@ def test_a_value_the_user_set_is_kept(machine, tmp_path):
     seen = json.loads(Path(env["RECORD_TENSORFLOW_IMPORT"]).read_text())
     assert seen["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == str(image_library)
     assert seen["TF_XLA_FLAGS"] == "--tf_mlir_enable_mlir_bridge=false"
-    (warning,) = result.stderr.splitlines()
+    (warning,) = script_lines(result.stderr)
     assert warning.startswith("run_mlm.py: warning: TF_PLUGGABLE_DEVICE_LIBRARY_PATH=")
     assert str(image_library) in warning and str(library) in warning
 
@@ -214,6 +217,27 @@ def test_no_tpu_sets_none_of_them(machine, tmp_path, script, flag):
     env, _ = machine
     seen = environment_at_import(env, script, flag, "--output_dir", tmp_path / "out")
     assert seen == {"TPU_LOAD_LIBRARY": "0"}
+
+
+def test_the_references_recipe_for_ones_own_code_starts_the_tpu_as_the_scripts_do(
+    machine, tmp_path
+):
+    """docs/reference.md's recipe (tests/test_docs.py runs it off the TPU), run as it is on a TPU
+    VM: PJRT's variables are set when TensorFlow is first imported."""
+    env, library = machine
+    blocks, _ = documented_python("docs/reference.md")
+    (recipe,) = [block for block in blocks if "tpu_runtime.prepare_runtime" in block]
+    (tmp_path / "recipe.py").write_text(recipe)
+    command = [sys.executable, str(REPO / "tests" / "fake_tpu_machine.py"), tmp_path / "recipe.py"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(env["RECORD_TENSORFLOW_IMPORT"]) as file:
+        assert json.load(file) == {
+            "PJRT_DEVICE": "TPU",
+            "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+            "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": str(library),
+            "TF_XLA_FLAGS": "--tf_mlir_enable_mlir_bridge=true",
+        }
 
 
 def refused_on(env, tmp_path, script, *needles, args=()):
@@ -582,6 +606,39 @@ def test_a_plugin_that_does_not_load_gives_tensorflows_reason(machine, tmp_path)
         "file too short",
     )
     assert "TF_CPP_MIN_LOG_LEVEL=0" in line
+    # the line names TensorFlow's start-up log, kept for it
+    (kept,) = re.findall(r"TensorFlow's start-up log: (\S+);", line)
+    assert os.path.dirname(kept) == str(tmp_path)
+    assert os.path.getsize(kept) > 0  # what TensorFlow printed as it loaded
+
+
+def test_a_crash_at_tensorflows_import_names_its_log(machine, tmp_path):
+    """TensorFlow's import loads libtpu's plugin; on a TPU VM the failures reported there are
+    segfaults and aborts (tensorflow #82208, #90807): the process dies, and the user is told where
+    TensorFlow's log is, with its last words and the Python traceback."""
+    env, _ = machine
+    del env["RECORD_TENSORFLOW_IMPORT"]
+    fake_tensorflow(env["PYTHONPATH"], SEGFAULTING_TENSORFLOW)
+    result = run_on(env, "run_mlm.py", "--output_dir", tmp_path / "out")
+    assert result.returncode == -signal.SIGSEGV, result.stderr[-3000:]
+    (kept,) = re.findall(
+        r"^the process ended during TensorFlow's start-up; TensorFlow's start-up log, shown "
+        r"above, is kept in (\S+)$",
+        result.stderr,
+        re.MULTILINE,
+    )
+    log = open(kept).read()
+    assert "No TPU platform registered" in log and "Fatal Python error: Segmentation fault" in log
+    assert "import_tensorflow" in log  # tpu_runtime's frame, in faulthandler's traceback
+    assert not (tmp_path / "out").exists()
+
+
+# A TensorFlow whose import dies as the reported ones do: a line of its log, then SIGSEGV.
+SEGFAULTING_TENSORFLOW = """
+import os, signal
+os.write(2, b"E0000 00:00:1795877719.181763  14190 pjrt_api.cc:74] No TPU platform registered\\n")
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
 
 
 def test_tensorflows_reason_comes_with_the_last_error_of_its_held_back_log():
@@ -622,8 +679,16 @@ def outcome_on(env, tmp_path, script="run_mlm.py"):
     output = tmp_path / "out"
     result = run_on(env, script, "--output_dir", output)
     if result.returncode == 0 and os.path.exists(env["RECORD_TENSORFLOW_IMPORT"]):
-        return "started", result.stderr.splitlines()
+        return "started", script_lines(result.stderr)
     return "refused", [refused_on(env, tmp_path, script)]
+
+
+def script_lines(stderr):
+    """The lines a script printed before a recorded import. The fake import ends the process
+    inside the start-up's hold, so tf_startup's watcher says the process ended there: that line is
+    the fake's doing, not the script's."""
+    ended = "the process ended during TensorFlow's start-up"
+    return [line for line in stderr.splitlines() if not line.startswith(ended)]
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ quiet log."""
 import math
 import os
 import re
+import tempfile
 
 import pytest
 from helpers import MAX_LENGTH, mlm_flags
@@ -174,8 +175,9 @@ def test_a_step_written_again_keeps_its_newer_value(tmp_path):
     assert training_logs.read_scalars(str(tmp_path))["train/loss"] == {1: 1.0, 2: 2.0, 3: 2.0}
 
 
-def test_tensorflow_startup_log_is_shown_only_when_startup_fails(capfd, monkeypatch):
+def test_tensorflow_startup_log_is_shown_only_when_startup_fails(capfd, monkeypatch, tmp_path):
     """The scripts load TensorFlow inside tf_startup.tensorflow_startup_log_held_back()."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a failed start keeps its log
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
     with tf_startup.tensorflow_startup_log_held_back():
         os.write(2, b"I0000 start-up chatter\n")
