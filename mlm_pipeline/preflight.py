@@ -48,7 +48,7 @@ from .errors import UsageError, tf_error_text
 # fit()'s executions run untimed first (the first traces and compiles), then the timed ones: their
 # mean, not their median, is what a long run pays, stalls included.
 WARMUP_EXECUTIONS = 2
-TIMED_STEPS = 50
+TIMED_STEPS = 100
 # A second fit() call on the same shape: its first execution, less a step, is what each later call
 # of the run pays to restart the input pipeline (the compiled step is reused).
 RESTART_EXECUTIONS = 3
