@@ -31,6 +31,7 @@ projection against the real process's wall-clock.
 """
 
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import platform
@@ -41,8 +42,9 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
-from . import segments, tpu_runtime
+from . import segments, tpu_runtime, training_logs
 from .errors import UsageError, tf_error_text
 
 # fit()'s executions run untimed first (the first traces and compiles), then the timed ones: their
@@ -131,7 +133,8 @@ class Overheads:
     measured). `start`: from the process's start to the first fit(); `checkpoint_first` and
     `checkpoint_each`: one checkpoint of the model and optimizer written, the first time and the
     next; `checkpoints`: how many the run writes; `final_save`: the model folder written at the end
-    (save_pretrained, the tokenizer, the PyTorch copy unless --no_pytorch_export)."""
+    (save_pretrained, the tokenizer, the PyTorch copy unless --no_pytorch_export; run_mlm.py's
+    curves too)."""
 
     start: float = None
     checkpoint_first: float = 0.0
@@ -812,9 +815,21 @@ def preflight_masked_lm(
         checkpoints=checkpoint_count(
             total_steps, steps.save_steps, cadence, phase_end, speed.steps_per_execution
         ),
-        final_save=None if save is None else (lambda folder: save(folder, masked_lm)),
+        final_save=None
+        if save is None
+        else functools.partial(masked_lm_final_save, save, masked_lm),
         flops=flops,
     )
+
+
+def masked_lm_final_save(save, masked_lm, folder):
+    """run_mlm.py's end: the model folder (`save(folder, masked_lm)`), then the card's curves,
+    drawn here from an empty TensorBoard folder: the drawing (matplotlib's start, most of it) is
+    the same."""
+    save(folder, masked_lm)
+    with warnings.catch_warnings():  # no scalars: matplotlib warns of an empty legend
+        warnings.simplefilter("ignore")
+        training_logs.plot_curves(os.path.join(folder, "logs"), os.path.join(folder, "curves.png"))
 
 
 def preflight_classifier(classifier, training, batches, max_length, bucket_lengths, save=None):
