@@ -291,8 +291,8 @@ class Report:
         ]
         return [
             f"  projected run: {minutes:,.2f} minutes ({minutes / 60:,.2f} hours), the whole "
-            f"process: {', '.join(parts)} (logs and Hub pushes not counted; the checkpoint and "
-            "the save timed into a local temporary folder, removed)"
+            f"process: {', '.join(parts)} (logs, Hub pushes and the exit not counted; the "
+            "checkpoint and the save timed into a local temporary folder, removed)"
         ]
 
 
