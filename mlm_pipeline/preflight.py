@@ -2,9 +2,10 @@
 data, model, optimizer), then, instead of training, hands the compiled model here: a few of the
 run's steps are run by fit() itself, timed by a callback, and one report says on what hardware, how
 long the compile and a step take, what memory a replica held where the device reports it, the model
-FLOPs a second, and how long the whole process will take. Nothing is written to the run's places:
-the scripts return before the output folder, the checkpoints, the Hub or a bucket is touched; the
-checkpoint and the final save are timed into a local temporary folder, removed at once.
+FLOPs a second (on a TPU or GPU, their share of the chips' bf16 peak), and how long the whole
+process will take. Nothing is written to the run's places: the scripts return before the output
+folder, the checkpoints, the Hub or a bucket is touched; a checkpoint and the final save are timed
+into a local temporary folder, removed at once.
 
 A batch that does not fit (TensorFlow's ResourceExhaustedError, XLA's out-of-memory report, or a
 peak above the device's memory) is one line that says what to lower, through UsageError.
@@ -26,8 +27,8 @@ kernel counts it), the run's steps of each shape (`Phase`: the sequence-length w
 full length) at the mean of the timed steps, each shape's first steps (trace, compile, the input
 pipeline's start) once, each later fit() call's restart of the input pipeline, its evaluations at
 their cadence, its checkpoints (one timed, counted as the run makes them), and the final save with
-its PyTorch copy. Logs and Hub pushes are not counted. benchmarks/preflight_projection.py sets the
-projection against the real process's wall-clock.
+its PyTorch copy (run_mlm.py's curves too). Logs, Hub pushes and the process's exit are not counted.
+benchmarks/preflight_projection.py sets the projection against the real process's wall-clock.
 """
 
 import dataclasses
