@@ -5,12 +5,13 @@ imported and before anything is written.
 TensorFlow drives a current TPU through libtpu's PJRT plugin, which it loads while it is imported
 (tensorflow/__init__.py reads TF_PLUGGABLE_DEVICE_LIBRARY_PATH), so the variables that ask for it
 must be set before the first `import tensorflow`. Both scripts therefore call `prepare_runtime()`
-once, first thing in main(), before they import their engine; hosts.build_strategy() then starts the
-TPU (hosts.tpu_strategy). This module is the scripts' front: it imports TensorFlow in one place
-alone, import_tensorflow(), once PJRT's variables are set. The variables
-and their values follow the public record that requirements-tpu.txt follows: keras-team/keras-rs
-sets them to run its TensorFlow tests on a v6e (.github/workflows/actions.yml), and keras-io's
-examples/keras_rs/distributed_embedding_tf.py (v5p, v6e) sets them before importing TensorFlow.
+once, first thing in main(), before they import their engine; hosts.build_strategy() then starts
+the TPU (hosts.tpu_strategy). This module is part of the scripts' front: it imports TensorFlow in
+one place alone, import_tensorflow(), once PJRT's variables are set. The variables (their names:
+tf_startup.PJRT_VARIABLES) and their values follow the public record that requirements-tpu.txt
+follows: keras-team/keras-rs sets them to run its TensorFlow tests on a v6e
+(.github/workflows/actions.yml), and keras-io's examples/keras_rs/distributed_embedding_tf.py (v5p,
+v6e) sets them before importing TensorFlow.
 
 What would otherwise cost minutes of silence, or a page of TensorFlow's log, is checked first, in a
 fraction of a second, from files Linux keeps: whether a TPU is attached at all (its PCI devices, as
