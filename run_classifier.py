@@ -26,26 +26,17 @@ eval_results.json holds the validation scores, README.md the model card.
         --text_pair_column sentence2 --output_dir gs://my-bucket/roberta-base-mrpc
 
 The plumbing (reading and checking the data, the model folder, the card, the Hub) is in
-mlm_pipeline/.
+mlm_pipeline/. This file is the front: its settings, their checks and the TPU's start-up import no
+TensorFlow, so `--help` and a bad flag answer at once; main() crosses into the engine
+(classifier_model.py: the batches, the model, its fit and scores) in one place, after
+tpu_runtime.prepare_runtime().
 """
 
 import dataclasses
 import functools
-import time
 from typing import Optional
 
-from mlm_pipeline import (
-    classifier_folder,
-    hosts,
-    hub,
-    labelled_data,
-    model_folder,
-    preflight,
-    segments,
-    tf_startup,
-    tpu_runtime,
-    training_logs,
-)
+from mlm_pipeline import hardware, hub, model_folder, tf_startup, tpu_runtime
 from mlm_pipeline.errors import (
     UsageError,
     exit_on_usage_error,
@@ -53,7 +44,6 @@ from mlm_pipeline.errors import (
     positive_float,
     positive_int,
 )
-from mlm_pipeline.pretrained_model import PretrainedModel, load_weights
 from mlm_pipeline.settings import parse_command_line, setting
 
 # Most SST-2 sentences fit in 64 tokens of a small Unigram vocabulary.
@@ -171,7 +161,7 @@ class Settings:
     model: Model
     data: Data
     training: Training
-    hardware: hosts.Hardware
+    hardware: hardware.Hardware
 
 
 def parse_args(argv=None):
@@ -184,162 +174,16 @@ def parse_args(argv=None):
     )
 
 
-def encode(tokenizer, split, max_length, with_token_types):
-    """The split's texts (and pairs) as token ids, each example cut to `max_length` tokens and
-    padded to it. Token type ids only for models that have more than one type (BERT): RoBERTa's
-    single type would be out of range for the second text of a pair."""
-    encoded = tokenizer(
-        split.texts,
-        split.pairs,
-        max_length=max_length,
-        truncation=True,
-        padding="max_length",
-        return_token_type_ids=with_token_types,  # a tokenizer may not give them unasked (RoBERTa's)
-        return_tensors="np",
-    )
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if with_token_types else [])
-    return {name: encoded[name] for name in names}
-
-
-def length_buckets(max_length):
-    """The lengths a training batch is padded to: 16, 32, 64... below `max_length`, then it."""
-    lengths = [16]
-    while lengths[-1] < max_length:
-        lengths.append(lengths[-1] * 2)
-    return lengths[:-1] + [max_length]
-
-
-def steps_per_epoch_of(features, batch_size, bucket_lengths=None):
-    """Whole batches an epoch: of all examples, or of each bucket's."""
-    if bucket_lengths is None:
-        return len(features["input_ids"]) // batch_size
-    return int(batches_per_bucket(features, batch_size, bucket_lengths).sum())
-
-
-def batches_per_bucket(features, batch_size, bucket_lengths):
-    """Each bucket's whole batches an epoch (the rest of its examples is left over)."""
-    import numpy as np
-
-    examples = np.bincount(bucket_of_each(features, bucket_lengths), minlength=len(bucket_lengths))
-    return examples // batch_size
-
-
-def bucket_of_each(features, bucket_lengths):
-    """Each example's bucket: the index of the shortest bucket length that holds its tokens."""
-    import numpy as np
-
-    return np.searchsorted(bucket_lengths, features["attention_mask"].sum(axis=1), side="left")
-
-
-def build_dataset(features, labels, batch_size, training, seed, bucket_lengths=None):
-    """Batches of (features, labels). Training: shuffled anew every epoch, whole batches only; with
-    `bucket_lengths`, each batch is drawn from the examples of one bucket and cut to its length
-    (SST-2's training sentences average 18 tokens: padding them all to 64 would spend most of every
-    step on padding). Evaluation: every example once, in order, in one shape; the last batch is
-    filled up with copies of the last example, each of weight 0, so it counts nothing."""
-    import numpy as np
-    import tensorflow as tf
-
-    labels = np.asarray(labels, dtype=np.int32)
-    if training and bucket_lengths is not None:
-        buckets = bucket_of_each(features, bucket_lengths).astype(np.int64)
-        dataset = tf.data.Dataset.from_tensor_slices((features, labels, buckets))
-        dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
-
-        def cut_to_length(batch, batch_labels, batch_buckets):  # one bucket a batch
-            length = tf.gather(bucket_lengths, batch_buckets[0])
-            return {name: ids[:, :length] for name, ids in batch.items()}, batch_labels
-
-        dataset = dataset.group_by_window(  # a window: `batch_size` examples of one bucket
-            key_func=lambda example, label, bucket: bucket,
-            reduce_func=lambda bucket, window: window.batch(batch_size, drop_remainder=True),
-            window_size=batch_size,
-        )
-        # Its number of batches, known to fit() for its progress and checked as they are drawn.
-        steps = steps_per_epoch_of(features, batch_size, bucket_lengths)
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(steps))
-        return dataset.map(cut_to_length).prefetch(tf.data.AUTOTUNE)
-    if training:
-        dataset = tf.data.Dataset.from_tensor_slices((features, labels))
-        dataset = dataset.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True)
-    else:
-        filler = -len(labels) % batch_size
-        weights = np.concatenate([np.ones(len(labels)), np.zeros(filler)]).astype(np.float32)
-        features, labels = (
-            {
-                name: np.pad(ids, [(0, filler), (0, 0)], mode="edge")
-                for name, ids in features.items()
-            },
-            np.pad(labels, [(0, filler)], mode="edge"),
-        )
-        dataset = tf.data.Dataset.from_tensor_slices((features, labels, weights))
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-
-def build_classifier(pretrained, strategy, label_names, total_steps, from_scratch, training):
-    """The pretrained encoder with a new classification head (or the same architecture from random
-    weights, `from_scratch`), and AdamW as the Training group says (its peak, warmup and dropout),
-    made in the strategy's scope, compiled with the cross-entropy of the head's logits."""
-    dropout = training.dropout
-    import tensorflow as tf
-    import tf_keras
-    from transformers import TFAutoModelForSequenceClassification, create_optimizer
-
-    tf_startup.hide_transformers_tf_deprecation()
-    config = pretrained.config
-    config.num_labels = len(label_names)  # also resets id2label, so that comes after
-    config.id2label = dict(enumerate(label_names))
-    config.label2id = {label: index for index, label in enumerate(label_names)}
-    config.problem_type = "single_label_classification"
-    if dropout is not None:  # the head's dropout follows hidden_dropout_prob
-        config.hidden_dropout_prob = config.attention_probs_dropout_prob = dropout
-    with strategy.scope():
-        if from_scratch:
-            classifier = TFAutoModelForSequenceClassification.from_config(config)
-        else:
-            classifier = load_weights(TFAutoModelForSequenceClassification, pretrained, config)
-        classifier(classifier.dummy_inputs)  # build the weights inside the strategy's scope
-        # BERT's fine-tuning schedule: linear warmup, then linear decay to 0; no weight decay on
-        # biases and layer norms.
-        optimizer, _ = create_optimizer(
-            training.learning_rate,
-            total_steps,
-            segments.warmup_steps(training.warmup_ratio, total_steps),
-            weight_decay_rate=0.01,
-        )
-        classifier.compile(
-            optimizer,
-            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            weighted_metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        )
-    # The model is TF ops under Python control flow on Python values only, so AutoGraph's rewrite
-    # of every layer's call adds nothing but seconds to the start: fit() and predict() run the steps
-    # as written, and the layers they call.
-    as_written = tf.autograph.experimental.do_not_convert
-    classifier.train_step = as_written(classifier.train_step)
-    classifier.test_step = as_written(classifier.test_step)
-    classifier.predict_step = as_written(classifier.predict_step)
-    return classifier
-
-
-def lengths_in_words(lengths):
-    """[16, 32, 64] as "16, 32 or 64"."""
-    return " or ".join(filter(None, [", ".join(map(str, lengths[:-1])), str(lengths[-1])]))
-
-
-def evaluate(classifier, dataset, validation, label_count, pair_task):
-    """{"accuracy": ...} on the validation examples (the filler of the last batch left out), and
-    "f1" of label 1 for two-class pair tasks, as GLUE reports MRPC and QQP."""
-    import numpy as np
-
-    logits = classifier.predict(dataset, verbose=0)["logits"][: len(validation)]
-    predicted, labels = np.argmax(logits, axis=-1), np.asarray(validation.labels)
-    scores = {"accuracy": float(np.mean(predicted == labels))}
-    if pair_task and label_count == 2:
-        true_positives = float(np.sum((predicted == 1) & (labels == 1)))
-        predicted_or_true = float(np.sum(predicted == 1) + np.sum(labels == 1))
-        scores["f1"] = 2 * true_positives / predicted_or_true if predicted_or_true else 0.0
-    return scores
+def check_before_work(settings):
+    """Before any work, one line for what cannot work: the gs:// paths probed, the output folder
+    (model_folder.py), the Hub repository opened (created if need be) for --hub_model_id; its id,
+    or None without a push (or under --preflight, which writes nothing)."""
+    model, training = settings.model, settings.training
+    inputs = {"--model_name_or_path": model.model_name_or_path}
+    model_folder.check_output(training, inputs, write_probe=not training.preflight)
+    if training.hub_model_id and not training.preflight:  # an unusable Hub stops the run now
+        return hub.open_repository(training.hub_model_id, training.hub_private, "--hub_model_id")
+    return None
 
 
 def main(settings, callbacks=()):
@@ -348,72 +192,38 @@ def main(settings, callbacks=()):
     (benchmarks/classifier_speed.py times the steps with one)."""
     tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     model, data, training = settings.model, settings.data, settings.training
-    inputs = {"--model_name_or_path": model.model_name_or_path}
-    model_folder.check_output(training, inputs, write_probe=not training.preflight)
-    repo_id = None
-    if training.hub_model_id and not training.preflight:  # an unusable Hub stops the run now
-        repo_id = hub.open_repository(training.hub_model_id, training.hub_private, "--hub_model_id")
+    repo_id = check_before_work(settings)
+    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
+        # the engine: TensorFlow loads here
+        from mlm_pipeline import (
+            classifier_folder,
+            classifier_model,
+            hosts,
+            preflight,
+            pretrained_model,
+        )
     strategy = hosts.build_strategy(settings.hardware)
-    import tensorflow as tf
-    import tf_keras
 
     # The pretrained folder: its config and tokenizer (the weights load with the model, below).
-    pretrained = PretrainedModel(model.model_name_or_path, weights=not model.from_scratch)
+    pretrained = pretrained_model.PretrainedModel(
+        model.model_name_or_path, weights=not model.from_scratch
+    )
     max_length = pretrained.check_max_length(data.max_length, DEFAULT_MAX_LENGTH)
     pytorch_export = not training.no_pytorch_export
     if pytorch_export:  # a copy that cannot be written is refused now, not after training
         model_folder.check_pytorch_copy(pretrained.config, masked_lm=False)
 
-    tf_keras.utils.set_random_seed(training.seed)  # the shuffling, the new head's weights, dropout
-
     # The data: texts and labels, checked; token ids of one length; batches of one shape.
-    train, validation, label_names = labelled_data.load_labelled_splits(data)
-    global_batch_size = training.per_replica_batch_size * strategy.num_replicas_in_sync
-    if len(train) < global_batch_size:
-        raise UsageError(
-            f"the batch of {global_batch_size} examples is larger than the {len(train)} training "
-            "examples; lower --per_replica_batch_size or add data."
-        )
-    with_token_types = getattr(pretrained.config, "type_vocab_size", 1) > 1
-    train_features = encode(pretrained.tokenizer, train, max_length, with_token_types)
-    eval_features = encode(pretrained.tokenizer, validation, max_length, with_token_types)
-    # A TPU compiles a program for each shape it meets, so there every batch has the one length.
-    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-    bucket_lengths = None if data.pad_to_max_length or on_tpu else length_buckets(max_length)
-    steps_per_epoch = steps_per_epoch_of(train_features, global_batch_size, bucket_lengths)
-    if steps_per_epoch == 0:
-        raise UsageError(
-            f"no length of {bucket_lengths} holds {global_batch_size} training examples, a batch: "
-            "pass --pad_to_max_length, or lower --per_replica_batch_size."
-        )
-    train_dataset = build_dataset(
-        train_features,
-        train.labels,
-        global_batch_size,
-        training=True,
-        seed=training.seed,
-        bucket_lengths=bucket_lengths,
-    )
-    eval_dataset = build_dataset(
-        eval_features, validation.labels, global_batch_size, training=False, seed=training.seed
-    )
+    task = classifier_model.classifier_data(data, training, pretrained, strategy, max_length)
 
     # The model: the pretrained encoder and a new head, AdamW over every step of the run.
-    total_steps = training.num_epochs * steps_per_epoch
-    classifier = build_classifier(
-        pretrained, strategy, label_names, total_steps, model.from_scratch, training
+    total_steps = training.num_epochs * task.steps_per_epoch
+    classifier = classifier_model.build_classifier(
+        pretrained, strategy, task.label_names, total_steps, model.from_scratch, training
     )
-    start = "random weights" if model.from_scratch else f"the pretrained {model.model_name_or_path}"
-    print(
-        f"Fine-tuning {type(classifier).__name__} ({classifier.count_params():,} parameters) from "
-        f"{start} on {len(train):,} examples, {len(label_names)} labels: {training.num_epochs} "
-        f"epochs of {steps_per_epoch:,} steps, batches of {global_batch_size} examples padded to "
-        f"{lengths_in_words(bucket_lengths or [max_length])} tokens."
-    )
-
+    print(fine_tuning_line(classifier, settings, task))
     if training.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
-        eval_batches = -(-len(validation) // global_batch_size)  # padded to whole batches
-        batches = (train_dataset, total_steps, eval_dataset, eval_batches)
+        batches = (task.train_dataset, total_steps, task.eval_dataset, task.eval_batches)
         save = functools.partial(  # the final save, timed into a temporary folder
             model_folder.save_model,
             tokenizer=pretrained.tokenizer,
@@ -421,55 +231,43 @@ def main(settings, callbacks=()):
             pytorch_export=pytorch_export,
         )
         return preflight.preflight_classifier(
-            classifier, training, batches, max_length, bucket_lengths, save
+            classifier, training, batches, max_length, task.bucket_lengths, save
         )
 
     # Fit, scored on the validation split after every epoch; then the final scores.
-    started = time.perf_counter()
-    classifier.fit(
-        train_dataset,
-        epochs=training.num_epochs,
-        validation_data=eval_dataset,
-        callbacks=list(callbacks),
-        verbose=training_logs.progress_verbosity(),
-    )
-    minutes = (time.perf_counter() - started) / 60
-    scores = evaluate(
-        classifier, eval_dataset, validation, len(label_names), data.text_pair_column is not None
-    )
-    most_frequent = max(range(len(label_names)), key=train.labels.count)
-    majority = validation.majority_share(most_frequent)
-    print(
-        f"Validation: {', '.join(f'{name} {value:.4f}' for name, value in scores.items())} on "
-        f"{len(validation):,} examples (the most frequent label everywhere: {majority:.4f}), "
-        f"after {minutes:.1f} minutes of fine-tuning."
-    )
+    minutes = classifier_model.fit(classifier, task, training.num_epochs, callbacks)
+    scores = classifier_model.evaluate(classifier, task, data.text_pair_column is not None)
+    print(validation_line(scores, task, minutes))
 
     # Save: staged, then published with config.json last, so no half-written folder looks done.
-    card_text = classifier_folder.classifier_card(
-        classifier,
-        settings,
-        train=train,
-        validation=validation,
-        label_names=label_names,
-        scores=scores,
-        majority=majority,
-        max_length=max_length,
-        global_batch_size=global_batch_size,
-        steps=total_steps,
-        minutes=minutes,
+    card_text = classifier_folder.save_classifier(
+        settings, classifier, pretrained.tokenizer, task, scores, total_steps, minutes
     )
-    classifier_folder.stop_looking_finished(training.output_dir)  # a replaced one's config.json
-    with model_folder.staging(training.output_dir) as folder:
-        model_folder.save_model(
-            folder, classifier, pretrained.tokenizer, max_length, pytorch_export
-        )
-        classifier_folder.write_card_and_scores(folder, card_text, scores)
-    saved = "its tokenizer, PyTorch copy," if pytorch_export else "its tokenizer,"
-    print(f"Saved the classifier, {saved} card and eval_results.json to {training.output_dir}.")
     if repo_id is not None:
         classifier_folder.push_to_hub(repo_id, training.output_dir, card_text, scores)
     return scores
+
+
+def fine_tuning_line(classifier, settings, task):
+    """What the run is about to do: the model, where it starts, the data and its batches."""
+    model, training = settings.model, settings.training
+    start = "random weights" if model.from_scratch else f"the pretrained {model.model_name_or_path}"
+    return (
+        f"Fine-tuning {type(classifier).__name__} ({classifier.count_params():,} parameters) from "
+        f"{start} on {len(task.train):,} examples, {len(task.label_names)} labels: "
+        f"{training.num_epochs} epochs of {task.steps_per_epoch:,} steps, batches of "
+        f"{task.global_batch_size} examples padded to {task.padded_lengths} tokens."
+    )
+
+
+def validation_line(scores, task, minutes):
+    """The final scores, beside the majority-class baseline, and the minutes of fine-tuning."""
+    majority = task.majority_share()
+    return (
+        f"Validation: {', '.join(f'{name} {value:.4f}' for name, value in scores.items())} on "
+        f"{len(task.validation):,} examples (the most frequent label everywhere: {majority:.4f}), "
+        f"after {minutes:.1f} minutes of fine-tuning."
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Optional
 from mlm_pipeline import (
     architecture,
     contract,
+    hardware,
     hosts,
     hub,
     metrics,
@@ -320,7 +321,7 @@ class Output:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hardware(hosts.Hardware):
+class Hardware(hardware.Hardware):
     """Where the steps run: a TPU, else GPUs, a cluster of machines or the CPU."""
 
     multi_worker: bool = setting("Train on the machines TF_CONFIG lists (implies --no_tpu).", False)
@@ -346,7 +347,7 @@ class Settings:
     hardware: Hardware
 
     def __post_init__(self):
-        hosts.check_hardware_flags(self.hardware, self.speed.jit_compile)
+        hardware.check_hardware_flags(self.hardware, self.speed.jit_compile)
         if not self.model.model_name_or_path and not self.data.tokenizer:
             raise UsageError(
                 "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
@@ -358,7 +359,7 @@ class Settings:
                 f"--max_eval_samples {self.steps.max_eval_samples} limits the evaluation, which "
                 "needs --eval_dataset: give the evaluation shards, or drop --max_eval_samples."
             )
-        if tpu_runtime.asks_for_tpu(self.hardware):  # a pod slice's hosts reach gs:// only
+        if hardware.asks_for_tpu(self.hardware):  # a pod slice's hosts reach gs:// only
             paths = {"--train_dataset": self.data.train_dataset}
             paths["--eval_dataset"] = self.data.eval_dataset
             paths["--output_dir"] = self.output.output_dir

@@ -15,7 +15,7 @@ The clock, a Keras callback, times each step from its start to its end; a run's 
 examples of its steps after the first --warmup_steps (which trace the step) over their seconds.
 Rounds run both variants in turn, a fresh run each, and each figure is the median over rounds, so a
 slow spell of a shared machine hits both alike. The padded tokens a step are counted from the same
-tokenizer and the same bucketing as the run's (run_classifier.py's own functions).
+tokenizer and the same bucketing as the run's (run_classifier.py's engine, classifier_model.py).
 """
 
 import argparse
@@ -38,6 +38,7 @@ from machine import (
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_classifier.py's folder
 import run_classifier  # noqa: E402
+from mlm_pipeline import classifier_model  # noqa: E402
 from mlm_pipeline.errors import OneLineErrorParser, UsageError, exit_on_usage_error  # noqa: E402
 from mlm_pipeline.pretrained_model import PretrainedModel  # noqa: E402
 
@@ -68,9 +69,11 @@ def padded_tokens_a_step(args):
     pretrained = PretrainedModel(args.model, weights=False)
     train, _, _ = labelled_tsv_splits(args.train_file, args.validation_file, limit=args.limit)
     with_token_types = pretrained.config.type_vocab_size > 1
-    features = run_classifier.encode(pretrained.tokenizer, train, args.max_length, with_token_types)
-    buckets = run_classifier.length_buckets(args.max_length)
-    batches = run_classifier.batches_per_bucket(features, args.batch_size, buckets)
+    features = classifier_model.encode(
+        pretrained.tokenizer, train, args.max_length, with_token_types
+    )
+    buckets = classifier_model.length_buckets(args.max_length)
+    batches = classifier_model.batches_per_bucket(features, args.batch_size, buckets)
     real = features["attention_mask"].sum() / len(train)
     return {
         "one length (--pad_to_max_length)": args.max_length,

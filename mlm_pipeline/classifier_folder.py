@@ -7,6 +7,9 @@ The folder itself is published by `model_folder.staging()`, config.json last. Lo
 by `cards.public_name()`, as in run_mlm.py's card: a card is meant to be public. The score also
 goes into the card's metadata (model-index) when the data is a Hub dataset, so the Hub shows it on
 the model's page.
+
+Part of run_classifier.py's engine (TensorFlow's file system reads and writes gs:// folders):
+imported once TensorFlow may load.
 """
 
 import json
@@ -14,7 +17,9 @@ import os
 import shutil
 import tempfile
 
-from . import contract, hub
+import tensorflow as tf
+
+from . import contract, hub, model_folder
 from .cards import metadata_block, model_name, public_name
 from .contract import FINISHED_RUN_MARKER, MODEL_CARD_NAME, PYTORCH_DIR
 from .storage import is_hub_id, is_remote
@@ -202,6 +207,40 @@ def training_table(training, max_length, global_batch_size, steps, minutes):
     return "\n".join(["| setting | value |", "|---|---|", *rows])
 
 
+def save_classifier(settings, classifier, tokenizer, task, scores, steps, minutes):
+    """The fine-tuned `classifier`'s folder, as run_classifier.py's `settings` say, and its card's
+    text (for the Hub push): `task`, its classifier_model.ClassifierData; `scores` on its
+    validation split after `steps` optimizer steps, `minutes` of fine-tuning. Staged, then
+    published with config.json last, so no half-written folder looks done (model_folder.staging):
+    the model and its `tokenizer` (model_folder.save_model, with the pytorch/ copy unless
+    --no_pytorch_export), the card and eval_results.json. An earlier classifier's config.json
+    goes first (stop_looking_finished)."""
+    output_dir, pytorch_export = (
+        settings.training.output_dir,
+        not settings.training.no_pytorch_export,
+    )
+    card_text = classifier_card(
+        classifier,
+        settings,
+        train=task.train,
+        validation=task.validation,
+        label_names=task.label_names,
+        scores=scores,
+        majority=task.majority_share(),
+        max_length=task.max_length,
+        global_batch_size=task.global_batch_size,
+        steps=steps,
+        minutes=minutes,
+    )
+    stop_looking_finished(output_dir)
+    with model_folder.staging(output_dir) as folder:
+        model_folder.save_model(folder, classifier, tokenizer, task.max_length, pytorch_export)
+        write_card_and_scores(folder, card_text, scores)
+    saved = "its tokenizer, PyTorch copy," if pytorch_export else "its tokenizer,"
+    print(f"Saved the classifier, {saved} card and eval_results.json to {output_dir}.")
+    return card_text
+
+
 def write_card_and_scores(folder, card_text, scores):
     """README.md and eval_results.json ({"accuracy": ..., ...}) into a local folder."""
     with open(f"{folder}/{MODEL_CARD_NAME}", "w", encoding="utf-8") as file:
@@ -213,8 +252,6 @@ def write_card_and_scores(folder, card_text, scores):
 def stop_looking_finished(output_dir):
     """--overwrite_output_dir: the earlier classifier's config.json goes before any new file lands,
     so that the folder never holds the new weights under the old config."""
-    import tensorflow as tf
-
     marker = f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}"
     if tf.io.gfile.exists(marker):
         tf.io.gfile.remove(marker)
@@ -239,8 +276,6 @@ def push_to_hub(repo_id, output_dir, card_text, scores):
 def copy_saved_folder(output_dir, folder):
     """Copy the classifier saved in gs:// `output_dir`, its pytorch/ copy included, into the local
     `folder`."""
-    import tensorflow as tf
-
     contract.copy_folder_files(output_dir, folder)
     pytorch_copy = f"{output_dir.rstrip('/')}/{PYTORCH_DIR}"
     if tf.io.gfile.isdir(pytorch_copy):

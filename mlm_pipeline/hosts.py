@@ -1,6 +1,9 @@
 """The training scripts on their hardware and on several hosts: the strategy (tpu_runtime.py
-starts the TPU), which process writes, which shard files each host reads, and when
-all wait.
+gets the process ready for the TPU, tpu_strategy() here starts it), which process writes, which
+shard files each host reads, and when all wait.
+
+Part of the engine: TensorFlow is imported at the top, so the scripts import this module only after
+tpu_runtime.prepare_runtime() (hardware.py holds the settings it is built from).
 
 TPUStrategy runs one input pipeline per host; a GPU cluster under MultiWorkerMirroredStrategy
 runs one process per machine, each told its place by TF_CONFIG. Every host reads whole shard files
@@ -11,12 +14,13 @@ writes the output.
 import dataclasses
 import json
 import os
-from typing import Optional
 
-from . import tpu_runtime
+import tensorflow as tf
+
 from .errors import UsageError
-from .settings import setting
-from .tf_startup import installed_as_tpu_build, tensorflow_startup_log_held_back
+from .hardware import asks_for_tpu
+from .tf_startup import tensorflow_startup_log_held_back
+from .tpu_runtime import FULL_LOG_ADVICE, NO_TPU_ADVICE, tensorflow_reason
 
 TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
@@ -24,34 +28,9 @@ TF_CONFIG_EXAMPLE = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """Where the steps run: the TPU of this TPU VM, else the GPUs or the CPU."""
-
-    tpu_name: str = setting(
-        "'local': the TPU of the TPU VM this runs on, one host (v4-8, v5litepod-8, v5p-8, v6e-8). "
-        "A pod slice's name: train the slice from its worker 0, by Google's pod route (README: "
-        "the slice's image at this TensorFlow, cloud-tpu-client, gs:// data and output).",
-        "local",
-    )
-    tpu_zone: Optional[str] = setting(
-        "The zone of the slice --tpu_name names, for the Cloud TPU API (default: this VM's)."
-    )
-    gcp_project: Optional[str] = setting(
-        "The project of the slice --tpu_name names, for the Cloud TPU API (default: this VM's)."
-    )
-    no_tpu: bool = setting("Train on the GPUs, or the CPU when there are none.", False)
-    # One machine, its CPU unsplit: class attributes, not flags, unless a script's group declares
-    # them (run_mlm.py's --multi_worker and --cpu_replicas).
-    multi_worker = False
-    cpu_replicas = 1
-
-
 def multi_worker_resolver():
     """The cluster from TF_CONFIG, checked: a worker that guesses its place would wait forever for
     the others."""
-    import tensorflow as tf
-
     text = os.environ.get("TF_CONFIG")
     if not text:
         raise UsageError(
@@ -72,44 +51,45 @@ def multi_worker_resolver():
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def check_hardware_flags(hardware, jit_compile):
-    """run_mlm.py's hardware flags (its Hardware group) that cannot go together, with each other or
-    with --jit_compile, refused in one line before any work."""
-    multi_worker, cpu_replicas = hardware.multi_worker, hardware.cpu_replicas
-    no_tpu = hardware.no_tpu or multi_worker  # --multi_worker implies --no_tpu
-    if cpu_replicas > 1 and (multi_worker or not no_tpu):
-        raise UsageError(f"--cpu_replicas {cpu_replicas} splits this CPU: it needs --no_tpu alone.")
-    if cpu_replicas > 1 and jit_compile:
-        raise UsageError(
-            f"--jit_compile cannot be combined with --cpu_replicas {cpu_replicas}: XLA on the CPU "
-            "cannot reach variables placed on another logical device; run the two separately."
-        )
-    if jit_compile and no_tpu and installed_as_tpu_build():
-        raise UsageError(
-            "--jit_compile with --no_tpu needs XLA's CPU or GPU compiler, which TensorFlow's TPU "
-            "build (tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each "
-            "step with XLA), or install requirements.txt to compile on the CPU."
-        )
-
-
 def build_strategy(hardware):
     """The strategy of both training scripts, from their Hardware group: TPUStrategy unless
     --no_tpu (or run_mlm.py's --multi_worker); without a TPU, mirrored over a cluster, the GPUs or
     split CPUs, or the default strategy on one CPU (strategy_without_tpu). run_classifier.py's
     group has no cluster and no CPU split: its multi_worker is False, its cpu_replicas 1. TF's
-    start-up log is shown only if this fails. On a TPU, tpu_runtime.py starts it (PJRT)."""
-    if tpu_runtime.asks_for_tpu(hardware):
-        return tpu_runtime.tpu_strategy(hardware)
+    start-up log is shown only if this fails. On a TPU, tpu_strategy (tpu_runtime.prepare_runtime
+    has made the process ready for it)."""
+    if asks_for_tpu(hardware):
+        return tpu_strategy(hardware)
     with tensorflow_startup_log_held_back():
         return strategy_without_tpu(hardware.multi_worker, hardware.cpu_replicas)
+
+
+def tpu_strategy(hardware):
+    """A TPUStrategy over the TPU VM's chips, or a pod slice's, by the route of TensorFlow's guide
+    "Use TPUs" and Google's Cloud TPU TensorFlow pages: the resolver ('local': the TPU attached to
+    this VM; a slice's name: its hosts, looked up in the Cloud TPU API in --tpu_zone and
+    --gcp_project, this VM's when not given), connected to (nothing to do for 'local'), the TPU
+    system initialized, the strategy. A TPU that does not start is one line with TensorFlow's own
+    reason, from its held-back log if its error says too little."""
+    with tensorflow_startup_log_held_back() as log:
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+                tpu=hardware.tpu_name, zone=hardware.tpu_zone, project=hardware.gcp_project
+            )
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+            return tf.distribute.TPUStrategy(resolver)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:
+            raise UsageError(
+                f"the TPU did not start ({tensorflow_reason(error, log)}); "
+                f"{log.named(FULL_LOG_ADVICE)}, or {NO_TPU_ADVICE}."
+            ) from None
 
 
 def strategy_without_tpu(multi_worker=False, cpu_replicas=1):
     """MultiWorkerMirroredStrategy over a cluster of machines (each told its place by TF_CONFIG),
     MirroredStrategy over every visible GPU (narrow with CUDA_VISIBLE_DEVICES) or over
     `cpu_replicas` logical CPUs (to rehearse a TPU's replicas), else the default strategy."""
-    import tensorflow as tf
-
     if multi_worker:
         return tf.distribute.MultiWorkerMirroredStrategy(multi_worker_resolver())
     if tf.config.list_physical_devices("GPU"):
@@ -129,8 +109,6 @@ def is_chief(strategy):
 def input_pipeline_count(strategy):
     """How many input pipelines read the data: one per host (TPUStrategy's hosts, one on a TPU VM;
     a cluster's workers)."""
-    import tensorflow as tf
-
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return strategy.extended.num_hosts
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -163,8 +141,6 @@ def split_between_pipelines(manifest, flag, pipelines, per_pipeline_batch):
 
 def wait_for_every_worker(strategy):
     """A barrier: an all-reduce that returns once every worker of the cluster has reached it."""
-    import tensorflow as tf
-
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         tf.function(strategy.run)(
             lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
@@ -173,8 +149,6 @@ def wait_for_every_worker(strategy):
 
 def logical_cpus(count):
     """The CPU split into `count` logical devices (run_mlm.py's --cpu_replicas); their names."""
-    import tensorflow as tf
-
     try:
         replicas = [tf.config.LogicalDeviceConfiguration()] * count
         tf.config.set_logical_device_configuration(

@@ -4,7 +4,12 @@ finished.
 
 A folder counts as finished once it holds config.json (`contract.FINISHED_RUN_MARKER`). The model
 files are written into a staging folder (`staging()`) and published file by file, config.json last.
+
+The output check is part of the scripts' front, run before TensorFlow loads: it imports TensorFlow
+only to look a gs:// folder up (a local one is looked up with os.path).
 """
+
+import os
 
 from . import storage, tf_startup
 from .contract import FINISHED_RUN_MARKER
@@ -20,8 +25,7 @@ def check_output(output, inputs, write_probe=True):
     `write_probe` (--preflight, which writes nothing) a gs:// output is looked up, not written."""
     paths = {**inputs, "--output_dir": output.output_dir}
     storage.check_gcs_paths(paths, writable=["--output_dir"] if write_probe else [])
-    with tf_startup.tensorflow_startup_log_held_back():  # TF's start-up log, shown if it fails
-        check_output_dir(output.output_dir, output.overwrite_output_dir)
+    check_output_dir(output.output_dir, output.overwrite_output_dir)
 
 
 def check_output_dir(output_dir, overwrite_output_dir):
@@ -31,18 +35,27 @@ def check_output_dir(output_dir, overwrite_output_dir):
     A local --output_dir that cannot be created or written is refused here, before any work (a gs://
     one was written to and cleaned up by storage.check_gcs_paths already).
     """
-    import tensorflow as tf
-
-    if not is_remote(output_dir):
+    marker = f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}"
+    if is_remote(output_dir):
+        finished = remote_file_exists(marker)
+    else:
         check_local_output_dir(output_dir)
-    if (
-        tf.io.gfile.exists(f"{output_dir.rstrip('/')}/{FINISHED_RUN_MARKER}")
-        and not overwrite_output_dir
-    ):
+        finished = os.path.exists(marker)
+    if finished and not overwrite_output_dir:
         raise UsageError(
             f"--output_dir {output_dir} already holds a trained model ({FINISHED_RUN_MARKER}); "
             "pass --overwrite_output_dir to replace it, or choose another folder."
         )
+
+
+def remote_file_exists(path):
+    """Whether a gs:// file exists, asked through TensorFlow's file system: the one lookup of the
+    front that needs TensorFlow, loaded here (after tpu_runtime.prepare_runtime) with its start-up
+    log shown only if it fails."""
+    with tf_startup.tensorflow_startup_log_held_back():
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path)
 
 
 def staging(output_dir):

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import gcs_probe
+from . import gcs_probe, tf_startup
 from .errors import UsageError
 
 # the folder that holds this package: the probe's child process imports it from there
@@ -171,11 +171,7 @@ GCS_PROBE_ENV = {
 }
 # Nor libtpu's PJRT plugin, which TensorFlow loads at import when these are set (tpu_runtime.py sets
 # them for a run on the TPU, before this probe starts): the child is started without them.
-GCS_PROBE_UNSET = (
-    "PJRT_DEVICE",
-    "NEXT_PLUGGABLE_DEVICE_USE_C_API",
-    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
-)
+GCS_PROBE_UNSET = tf_startup.PJRT_VARIABLES
 
 
 def check_gcs_paths(paths, writable=()):

@@ -56,6 +56,17 @@ if installed_as_tpu_build():
     os.environ.setdefault("FORCE_TF_AVAILABLE", "1")
 
 
+# The variables that make TensorFlow load libtpu's PJRT plugin at import, as keras-rs's CI sets them
+# (keras-team/keras-rs, .github/workflows/actions.yml): tpu_runtime.pjrt_variables() sets them for a
+# run on the TPU, and whatever must not touch the TPU is started without them (a pod slice's client,
+# storage.py's Cloud Storage probe). The one list of their names.
+PJRT_VARIABLES = (
+    "PJRT_DEVICE",
+    "NEXT_PLUGGABLE_DEVICE_USE_C_API",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+)
+
+
 def keep_off_the_tpu():
     """Keep TensorFlow's TPU build off the TPU (TPU_LOAD_LIBRARY=0, unless set), in this process
     and the ones it starts (they inherit the environment: Beam's local workers), before TensorFlow

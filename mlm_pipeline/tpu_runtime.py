@@ -5,10 +5,13 @@ imported and before anything is written.
 TensorFlow drives a current TPU through libtpu's PJRT plugin, which it loads while it is imported
 (tensorflow/__init__.py reads TF_PLUGGABLE_DEVICE_LIBRARY_PATH), so the variables that ask for it
 must be set before the first `import tensorflow`. Both scripts therefore call `prepare_runtime()`
-first thing in main(), and `tpu_strategy()` when they build their strategy on a TPU. The variables
-and their values follow the public record that requirements-tpu.txt follows: keras-team/keras-rs
-sets them to run its TensorFlow tests on a v6e (.github/workflows/actions.yml), and keras-io's
-examples/keras_rs/distributed_embedding_tf.py (v5p, v6e) sets them before importing TensorFlow.
+once, first thing in main(), before they import their engine; hosts.build_strategy() then starts
+the TPU (hosts.tpu_strategy). This module is part of the scripts' front: it imports TensorFlow in
+one place alone, import_tensorflow(), once PJRT's variables are set. The variables (their names:
+tf_startup.PJRT_VARIABLES) and their values follow the public record that requirements-tpu.txt
+follows: keras-team/keras-rs sets them to run its TensorFlow tests on a v6e
+(.github/workflows/actions.yml), and keras-io's examples/keras_rs/distributed_embedding_tf.py (v5p,
+v6e) sets them before importing TensorFlow.
 
 What would otherwise cost minutes of silence, or a page of TensorFlow's log, is checked first, in a
 fraction of a second, from files Linux keeps: whether a TPU is attached at all (its PCI devices, as
@@ -34,7 +37,8 @@ from packaging.version import InvalidVersion, Version
 
 from . import tpu_slice
 from .errors import UsageError, tf_error_text
-from .tf_startup import tensorflow_startup_log_held_back
+from .hardware import asks_for_tpu
+from .tf_startup import PJRT_VARIABLES, tensorflow_startup_log_held_back
 
 # Where Linux lists PCI devices, each a folder with `vendor` and `device` files (a test points this
 # at a folder of its own).
@@ -50,13 +54,6 @@ OTHER_TPU_CHIPS = {"0x0076": "TPU7x (Ironwood)", "0x0027": "TPU v3"}
 LIBTPU_LOCK_FILE = "/tmp/libtpu_lockfile"
 # The TPU VMs this pipeline starts TensorFlow on, as gcloud names their accelerator types.
 SINGLE_HOST_TYPES = "v4-8, v5litepod-8, v5p-8 or v6e-8"
-# The variables that make TensorFlow load libtpu's PJRT plugin, as keras-rs's CI sets them; a
-# process that must not touch the TPU (storage.py's Cloud Storage probe) is started without them.
-PLUGIN_VARIABLES = (
-    "PJRT_DEVICE",
-    "NEXT_PLUGGABLE_DEVICE_USE_C_API",
-    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
-)
 # TensorFlow's MLIR bridge, which keras-rs and keras-io turn on for TPUs under PJRT.
 MLIR_BRIDGE_FLAG = "--tf_mlir_enable_mlir_bridge=true"
 # The libtpu release each TPU set installs with its TensorFlow's TPU build, as tensorflow_tpu's own
@@ -68,16 +65,11 @@ NO_TPU_ADVICE = "pass --no_tpu to train on the GPUs or the CPU"
 FULL_LOG_ADVICE = "TF_CPP_MIN_LOG_LEVEL=0 shows TensorFlow's whole log"
 
 
-def asks_for_tpu(hardware):
-    """Whether a script's Hardware group asks for the TPU: not under --no_tpu, nor under
-    run_mlm.py's --multi_worker (a GPU cluster)."""
-    return not (hardware.no_tpu or hardware.multi_worker)
-
-
 def prepare_runtime(hardware):
     """Get this process ready for TensorFlow, before anything imports it.
 
-    When the Hardware group asks for the TPU: with a slice's --tpu_name, get this process ready
+    Called once, by the scripts' main(), before they import their engine. When the Hardware group
+    asks for the TPU (hardware.asks_for_tpu): with a slice's --tpu_name, get this process ready
     as the slice's client (prepare_slice_client). Otherwise refuse in one line what cannot start
     (no TPU, a TPU TensorFlow cannot drive, a host of a multi-host slice, no libtpu, a TPU held by
     another process), set PJRT's variables (a value the user set is kept), then import TensorFlow,
@@ -156,22 +148,21 @@ def prepare_slice_client(hardware):
     workers' TensorFlow the same as this one's; then TensorFlow imported, loading no TPU."""
     tpu_slice.check_cloud_tpu_client(hardware.tpu_name)
     if "tensorflow" in sys.modules:
-        if os.environ.get("TPU_LOAD_LIBRARY") != "0" or any(map(os.environ.get, PLUGIN_VARIABLES)):
+        if os.environ.get("TPU_LOAD_LIBRARY") != "0" or any(map(os.environ.get, PJRT_VARIABLES)):
             raise UsageError(
                 "TensorFlow was imported before this process was set up as the slice's client: "
                 "call mlm_pipeline.tpu_runtime.prepare_runtime() before importing TensorFlow, or "
                 "run the script in a fresh process."
             )
-        return  # set up already: the scripts' main() did it, and tpu_strategy() asks again
-    for name in PLUGIN_VARIABLES:
+        return  # set up already, before TensorFlow was imported (a notebook asking again)
+    for name in PJRT_VARIABLES:
         os.environ.pop(name, None)
     os.environ["TPU_LOAD_LIBRARY"] = "0"  # common.py's export_env_variables, for a pod
     flags = os.environ.get("TF_XLA_FLAGS", "")
     if "--tf_mlir_enable_mlir_bridge" not in flags:
         os.environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
     tpu_slice.check_workers_tensorflow(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
-    with tensorflow_startup_log_held_back():  # shown if the import fails
-        import tensorflow  # noqa: F401
+    import_tensorflow()  # no plugin to load: its log is shown if the import fails
 
 
 def attached_tpu_chips():
@@ -383,11 +374,8 @@ def pjrt_variables(environ, library):
     """The variables that make TensorFlow drive the TPU through libtpu's PJRT plugin, as keras-rs's
     CI and keras-io's example set them; a value the user set is kept, and the MLIR bridge is added
     to their TF_XLA_FLAGS unless they set it either way."""
-    wanted = {
-        "PJRT_DEVICE": "TPU",
-        "NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
-        "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": library,
-    }
+    # PJRT_VARIABLES in their order: the TPU as PJRT's device, through its C API, libtpu's plugin
+    wanted = dict(zip(PJRT_VARIABLES, ("TPU", "true", library)))
     variables = {name: environ.get(name) or value for name, value in wanted.items()}
     flags = environ.get("TF_XLA_FLAGS", "")
     if "--tf_mlir_enable_mlir_bridge" not in flags:
@@ -396,44 +384,21 @@ def pjrt_variables(environ, library):
     return variables
 
 
-def import_tensorflow(library):
-    """Import TensorFlow, which loads the plugin now: a plugin that does not load is one line with
-    TensorFlow's own reason, instead of a traceback from wherever TensorFlow is first imported."""
+def import_tensorflow(library=None):
+    """Import TensorFlow, which loads the plugin `library` now: a plugin that does not load is one
+    line with TensorFlow's own reason, instead of a traceback from wherever TensorFlow is first
+    imported. Without a `library` (a slice's client, which loads none), a failed import is shown
+    with TensorFlow's start-up log. The one place the front imports TensorFlow: the TPU's start."""
     with tensorflow_startup_log_held_back() as log:
         try:
             import tensorflow  # noqa: F401
         except Exception as error:
-            if not type(error).__module__.startswith("tensorflow"):
+            if library is None or not type(error).__module__.startswith("tensorflow"):
                 raise  # not the plugin: a broken install, shown with TensorFlow's log
             raise UsageError(
                 f"TensorFlow could not load libtpu's PJRT plugin {library} "
                 f"({tensorflow_reason(error, log)}); reinstall requirements-tpu.txt into a fresh "
                 f"virtualenv ({log.named(FULL_LOG_ADVICE)}), or {NO_TPU_ADVICE}."
-            ) from None
-
-
-def tpu_strategy(hardware):
-    """A TPUStrategy over the TPU VM's chips, or a pod slice's, by the route of TensorFlow's guide
-    "Use TPUs" and Google's Cloud TPU TensorFlow pages: the resolver ('local': the TPU attached to
-    this VM; a slice's name: its hosts, looked up in the Cloud TPU API in --tpu_zone and
-    --gcp_project, this VM's when not given), connected to (nothing to do for 'local'), the TPU
-    system initialized, the strategy. A TPU that does not start is one line with TensorFlow's own
-    reason, from its held-back log if its error says too little."""
-    prepare_runtime(hardware)  # done already by the scripts' main()
-    import tensorflow as tf
-
-    with tensorflow_startup_log_held_back() as log:
-        try:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-                tpu=hardware.tpu_name, zone=hardware.tpu_zone, project=hardware.gcp_project
-            )
-            tf.config.experimental_connect_to_cluster(resolver)
-            tf.tpu.experimental.initialize_tpu_system(resolver)
-            return tf.distribute.TPUStrategy(resolver)
-        except (ValueError, RuntimeError, tf.errors.OpError) as error:
-            raise UsageError(
-                f"the TPU did not start ({tensorflow_reason(error, log)}); "
-                f"{log.named(FULL_LOG_ADVICE)}, or {NO_TPU_ADVICE}."
             ) from None
 
 

@@ -302,7 +302,7 @@ def test_the_classifier_starts_from_what_transformers5_loads(
     from safetensors.numpy import load_file
 
     import run_classifier
-    from mlm_pipeline import pretrained_model, pytorch_weights
+    from mlm_pipeline import classifier_model, pretrained_model, pytorch_weights
 
     _, output_dir = trained[model_type]
     found = transformers5_classifiers[model_type]
@@ -311,7 +311,7 @@ def test_the_classifier_starts_from_what_transformers5_loads(
     assert found["unexpected_keys"]  # the masked LM's own head, which a classifier leaves out
     loaded = sorted(set(found["weights"]) - set(found["missing_keys"]))
 
-    classifier = run_classifier.build_classifier(
+    classifier = classifier_model.build_classifier(
         pretrained_model.PretrainedModel(str(output_dir)),
         tf.distribute.get_strategy(),
         ["LABEL_0", "LABEL_1"],

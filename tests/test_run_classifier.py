@@ -146,6 +146,8 @@ def test_training_batches_hold_one_bucket_each_cut_to_its_length():
     as many batches as the optimizer's schedule counts; the next epoch draws them in a new order."""
     import numpy as np
 
+    from mlm_pipeline import classifier_model
+
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 65, size=300)
     attention_mask = (np.arange(64)[None, :] < lengths[:, None]).astype(np.int64)
@@ -153,13 +155,13 @@ def test_training_batches_hold_one_bucket_each_cut_to_its_length():
         "input_ids": np.where(attention_mask == 1, rng.integers(5, 100, size=(300, 64)), 1),
         "attention_mask": attention_mask,
     }
-    buckets = run_classifier.length_buckets(64)
-    assert buckets == [16, 32, 64] and run_classifier.length_buckets(100) == [16, 32, 64, 100]
-    assert run_classifier.length_buckets(16) == [16] and run_classifier.length_buckets(8) == [8]
-    dataset = run_classifier.build_dataset(
+    buckets = classifier_model.length_buckets(64)
+    assert buckets == [16, 32, 64] and classifier_model.length_buckets(100) == [16, 32, 64, 100]
+    assert classifier_model.length_buckets(16) == [16] and classifier_model.length_buckets(8) == [8]
+    dataset = classifier_model.build_dataset(
         features, list(range(300)), 8, training=True, seed=0, bucket_lengths=buckets
     )
-    steps = run_classifier.steps_per_epoch_of(features, 8, buckets)
+    steps = classifier_model.steps_per_epoch_of(features, 8, buckets)
     per_bucket = [
         np.sum((lengths > low) & (lengths <= high)) for low, high in zip([0, 16, 32], buckets)
     ]
@@ -180,9 +182,9 @@ def test_training_batches_hold_one_bucket_each_cut_to_its_length():
         orders.append(drawn)
     assert orders[0] != orders[1]
 
-    one_shape = run_classifier.build_dataset(features, list(range(300)), 8, training=True, seed=0)
+    one_shape = classifier_model.build_dataset(features, list(range(300)), 8, training=True, seed=0)
     assert {batch["input_ids"].shape[1] for batch, _ in one_shape} == {64}
-    assert one_shape.cardinality() == run_classifier.steps_per_epoch_of(features, 8) == 37
+    assert one_shape.cardinality() == classifier_model.steps_per_epoch_of(features, 8) == 37
 
 
 def test_a_pair_task_from_csv_and_jsonl_is_scored_with_f1_too(pretrained, tmp_path):

@@ -28,7 +28,7 @@ import pytest
 from helpers import REPO, documented_python, fake_tensorflow, subprocess_env
 from refusals import refused
 
-from mlm_pipeline import hosts, storage, tf_startup, tpu_runtime, tpu_slice
+from mlm_pipeline import hardware, storage, tf_startup, tpu_runtime, tpu_slice
 from mlm_pipeline.errors import UsageError
 
 # The least each script needs to reach its start-up (what follows is never reached here).
@@ -132,7 +132,7 @@ def machine(tmp_path, metadata):
     distribution(packages, "tensorflow_tpu", TENSORFLOW_TPU)
     env = subprocess_env()
     for name in (
-        *tpu_runtime.PLUGIN_VARIABLES,
+        *tf_startup.PJRT_VARIABLES,
         "TF_XLA_FLAGS",
         "TPU_LOAD_LIBRARY",
         *SLICE_VARIABLES,
@@ -419,9 +419,11 @@ def test_readmes_pod_command_passes_the_command_line_checks():
 
 
 def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
-    """tpu_strategy's TPUClusterResolver, spied: the slice's name, zone and project; a slice it
-    cannot resolve is one line with the resolver's reason."""
+    """hosts.tpu_strategy's TPUClusterResolver, spied: the slice's name, zone and project; a slice
+    it cannot resolve is one line with the resolver's reason."""
     import tensorflow as tf
+
+    from mlm_pipeline import hosts
 
     asked = []
 
@@ -431,29 +433,30 @@ def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
             raise ValueError("Could not lookup TPU metadata from name 'my-v5e-16'.")
 
     monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
-    monkeypatch.setattr(tpu_runtime, "prepare_runtime", lambda hardware: None)  # a test process
-    hardware = hosts.Hardware(tpu_name="my-v5e-16", tpu_zone="us-east1-c", gcp_project="my-project")
+    slice_hardware = hardware.Hardware(
+        tpu_name="my-v5e-16", tpu_zone="us-east1-c", gcp_project="my-project"
+    )
     with pytest.raises(UsageError, match="Could not lookup TPU metadata from name 'my-v5e-16'"):
-        tpu_runtime.tpu_strategy(hardware)
+        hosts.tpu_strategy(slice_hardware)
     assert asked == [{"tpu": "my-v5e-16", "zone": "us-east1-c", "project": "my-project"}]
 
 
 def test_a_pod_client_asked_again_after_tensorflow_loaded(monkeypatch):
-    """tpu_strategy() asks prepare_runtime() again once TensorFlow is loaded: with the client's
-    environment it asks the Cloud TPU API no second time; with PJRT's variables, TensorFlow was
-    loaded the wrong way, and that is one line."""
+    """prepare_runtime() asked again once TensorFlow is loaded (a notebook's second cell): with the
+    client's environment it asks the Cloud TPU API no second time; with PJRT's variables,
+    TensorFlow was loaded the wrong way, and that is one line."""
     import tensorflow  # noqa: F401
 
     monkeypatch.setattr(tpu_slice, "check_cloud_tpu_client", lambda tpu_name: None)
     monkeypatch.setattr(tpu_slice, "check_workers_tensorflow", pytest.fail)
-    for name in tpu_runtime.PLUGIN_VARIABLES:
+    for name in tf_startup.PJRT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TPU_LOAD_LIBRARY", "0")
-    hardware = hosts.Hardware(tpu_name="my-v5e-16")
-    tpu_runtime.prepare_runtime(hardware)
+    slice_hardware = hardware.Hardware(tpu_name="my-v5e-16")
+    tpu_runtime.prepare_runtime(slice_hardware)
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     with pytest.raises(UsageError, match="TensorFlow was imported before this process was set up"):
-        tpu_runtime.prepare_runtime(hardware)
+        tpu_runtime.prepare_runtime(slice_hardware)
 
 
 @pytest.mark.parametrize(
@@ -658,7 +661,7 @@ def test_tensorflows_reason_comes_with_the_last_error_of_its_held_back_log():
 def test_the_storage_probe_starts_without_the_plugin(monkeypatch):
     """The Cloud Storage probe's child imports TensorFlow: with libtpu's plugin it would take the
     TPU the run is about to start."""
-    for name in tpu_runtime.PLUGIN_VARIABLES:
+    for name in tf_startup.PJRT_VARIABLES:
         monkeypatch.setenv(name, "set by the run")
     started = []
 
@@ -669,7 +672,7 @@ def test_the_storage_probe_starts_without_the_plugin(monkeypatch):
     monkeypatch.setattr(storage.subprocess, "run", run)
     storage.check_gcs_paths({"--output_dir": "gs://bucket/model"}, writable=["--output_dir"])
     (env,) = started
-    assert not set(tpu_runtime.PLUGIN_VARIABLES) & set(env)
+    assert not set(tf_startup.PJRT_VARIABLES) & set(env)
     assert env["TPU_LOAD_LIBRARY"] == "0"
 
 
