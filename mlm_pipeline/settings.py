@@ -25,42 +25,79 @@ import dataclasses
 from .errors import OneLineErrorParser, UsageError
 
 
-def setting(help, default=None, *, type=None, choices=None, required=False):
+def setting(
+    help, default=None, *, type=None, choices=None, required=False, aliases=(), metavar=None
+):
     """A group's field: its flag's `help`, argparse `type` (errors.py's positive_int, ...),
-    `choices` and `default` (None: not given); `required`, a flag without a default."""
+    `choices` and `default` (None: not given); `required`, a flag without a default; `aliases`,
+    other spellings of the flag that users already type (--export_to_hub for --push_to_hub);
+    `metavar`, the value's name in --help."""
     metadata = {"help": help, "type": type, "choices": choices}
+    metadata.update(aliases=tuple(aliases), metavar=metavar)
     if required:
         return dataclasses.field(metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def build_parser(settings, prog, description):
+def passed_on(what, needs):
+    """A group's field that holds the flags the script does not know, as a tuple, to be handed on
+    whole to the program that reads them (`what`: "Beam pipeline options"); only with the flag
+    `needs` (a field's name, e.g. "runner"), without which they are refused as unknown flags."""
+    return dataclasses.field(default=(), metadata={"passed_on": what, "needs": needs})
+
+
+def build_parser(settings, prog, description, epilog=None):
     """The parser of `settings` (a dataclass of groups): one argument group a field of it, named
     as the field and described by its group's docstring, one flag a field of the group."""
     parser = OneLineErrorParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog=prog,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for group_field in dataclasses.fields(settings):
         group = group_field.type
         add = parser.add_argument_group(group_field.name, group.__doc__).add_argument
         for field in dataclasses.fields(group):
-            flag, help = f"--{field.name}", field.metadata["help"]
+            if "passed_on" in field.metadata:
+                continue  # no flag of its own: it holds the flags no group declares
+            flags = [f"--{field.name}", *field.metadata["aliases"]]
+            options = {"help": field.metadata["help"]}
+            if field.metadata["metavar"]:
+                options["metavar"] = field.metadata["metavar"]
             if field.type is bool:
-                add(flag, action="store_true", help=help)
+                add(*flags, action="store_true", **options)
             elif field.default is dataclasses.MISSING:
-                add(flag, required=True, type=field.metadata["type"], help=help)
+                add(*flags, required=True, type=field.metadata["type"], **options)
             else:
-                options = {key: field.metadata[key] for key in ("type", "choices")}
-                add(flag, default=field.default, help=help, **options)
+                options.update((key, field.metadata[key]) for key in ("type", "choices"))
+                add(*flags, default=field.default, **options)
     return parser
 
 
-def parse_command_line(settings, argv=None, *, prog, description):
+def parse_command_line(settings, argv=None, *, prog, description, epilog=None):
     """`settings` (a dataclass of groups) from the command line `argv` (sys.argv's when None). A
     flag argparse refuses exits with status 2, a rule a group or the whole checks with 1; either
-    as one line, `<prog>: error: ...`."""
-    parser = build_parser(settings, prog, description)
-    namespace = parser.parse_args(argv)
+    as one line, `<prog>: error: ...`. A group's `passed_on` field, if any, takes the flags no group
+    declares (with its `needs` flag; without it they are refused, status 2, as unknown)."""
+    parser = build_parser(settings, prog, description, epilog)
+    passed = [
+        field
+        for group_field in dataclasses.fields(settings)
+        for field in dataclasses.fields(group_field.type)
+        if "passed_on" in field.metadata
+    ]
+    if passed:
+        namespace, unknown = parser.parse_known_args(argv)
+        (field,) = passed
+        if unknown and not getattr(namespace, field.metadata["needs"]):
+            parser.error(
+                f"unrecognized arguments: {' '.join(unknown)} ({field.metadata['passed_on']} need "
+                f"--{field.metadata['needs']})"
+            )
+        setattr(namespace, field.name, tuple(unknown))
+    else:
+        namespace = parser.parse_args(argv)
     try:
         groups = {
             group_field.name: group_from(namespace, group_field.type)
