@@ -233,8 +233,6 @@ def token_id_batches(batches, tokenizer, threads):
 def tf_example(sequence):
     """One record of a shard: a tf.train.Example with one feature, "input_ids", the sequence's
     max_length token ids. run_mlm.py parses it back with contract.record_features."""
-    import tensorflow as tf
-
     input_ids = tf.train.Feature(int64_list=tf.train.Int64List(value=sequence))
     features = tf.train.Features(feature={contract.FEATURE_NAME: input_ids})
     return tf.train.Example(features=features)
