@@ -28,11 +28,15 @@ padded: only each block's final remainder is dropped (RoBERTa's FULL-SENTENCES p
         --runner DirectRunner --direct_num_workers 0 --direct_running_mode multi_processing
 
 Output: <output_dir>/<split>/<split>-<block>-<shard>-<records>.tfrecord, one tf.train.Example per
-sequence (`tf_example` below: "input_ids", int64 x max_length), then manifest.json, written last:
-without it the split is unfinished, and the same command writes it again. Memory stays flat:
+sequence (shard_writing.tf_example: "input_ids", int64 x max_length), then manifest.json, written
+last: without it the split is unfinished, and the same command writes it again. Memory stays flat:
 --num_proc threads tokenize while the main thread packs and writes. A block's sequences depend on
 its rows alone, so the Beam pipeline (--runner, after `pip install -r requirements-beam.txt`) packs
 blocks on many workers at once and writes the same files, byte for byte.
+
+This script is the front: its settings, and the checks made before any work (paths, Apache Beam,
+the tokenizer), none of which loads TensorFlow. main() then imports the engine,
+mlm_pipeline/shard_writing.py, which reads, tokenizes, packs and writes.
 
 Next step: run_mlm.py --train_dataset <output_dir>/train --eval_dataset <output_dir>/validation.
 """

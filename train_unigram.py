@@ -19,6 +19,10 @@ A good vocabulary: NFKC, a Metaspace pre-tokenizer ("▁" starts a word), EM lon
 pruning for frequent whole words to beat their spelling, and word-end examples for the words the
 trainer would never propose. A deterministic one: one corpus gives one byte-identical file.
 
+This script is the front: its settings and the checks made before any work. main() then imports
+the engine, mlm_pipeline/unigram_training.py (🤗 tokenizers and transformers; TensorFlow is loaded
+only to list and read a gs:// corpus).
+
 Next step: prepare_tfrecord_shards.py --tokenizer_name_or_path <output_dir>.
 """
 
