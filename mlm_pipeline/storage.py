@@ -111,15 +111,13 @@ def publish_locally(source, target):
     os.replace(source, target)
 
 
-def __getattr__(name):
-    """The writes through TensorFlow's file system live in file_writes.py, an engine module; the
-    names the package's engine modules import from here (write_whole) are found there, which loads
-    TensorFlow only when one is asked for."""
-    if name == "write_whole":
-        from . import file_writes
+def write_whole(path, data):
+    """file_writes.write_whole, for the modules that write through here: text or bytes to a file,
+    local or gs://, that is never seen half-written. TensorFlow's file system, which it writes
+    with, loads at the first write, not when this module is imported."""
+    from . import file_writes
 
-        return getattr(file_writes, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    file_writes.write_whole(path, data)
 
 
 def check_local_output_dir(output_dir, flag="--output_dir"):
