@@ -10,6 +10,10 @@ Every file the steps hand on is written so that it is never seen half-written: o
 `write_then_rename()` (a temporary name, then a rename), the files a library saves through
 `staged_folder()` (a staging folder, then published file by file, the one that marks the folder
 finished last).
+
+Nothing here imports TensorFlow: the checks run before it loads (the probe's child loads its own).
+The writes through TensorFlow's file system are in file_writes.py, an engine module; a gs://
+staged folder and write_whole() reach it only when they write.
 """
 
 import contextlib
