@@ -8,7 +8,10 @@ one argparse argument group a dataclass, a bool field a `store_true` flag and a 
 default a required one, and returns that dataclass filled in from the command line. Each group
 checks its own settings in `__post_init__`, and the whole checks the rules across groups: so a rule
 two flags break is refused while the command line is read, before any path is probed or TensorFlow
-imported.
+imported. All four scripts declare their flags this way; a group may be shared (corpus.Corpus, the
+two data scripts' corpus flags) or extended by a script's own fields. A `passed_on()` field takes
+the flags no group declares, for a script that hands them on (prepare_tfrecord_shards.py --runner:
+Beam's pipeline options).
 
 Why not transformers' HfArgumentParser, which builds a parser from dataclasses too: it would change
 the command line and its errors. It adds a hyphenated twin of every flag (`--train-dataset` beside
@@ -25,15 +28,11 @@ import dataclasses
 from .errors import OneLineErrorParser, UsageError
 
 
-def setting(
-    help, default=None, *, type=None, choices=None, required=False, aliases=(), metavar=None
-):
+def setting(help, default=None, *, type=None, choices=None, required=False, aliases=()):
     """A group's field: its flag's `help`, argparse `type` (errors.py's positive_int, ...),
     `choices` and `default` (None: not given); `required`, a flag without a default; `aliases`,
-    other spellings of the flag that users already type (--export_to_hub for --push_to_hub);
-    `metavar`, the value's name in --help."""
-    metadata = {"help": help, "type": type, "choices": choices}
-    metadata.update(aliases=tuple(aliases), metavar=metavar)
+    other spellings of the flag that users already type (--export_to_hub for --push_to_hub)."""
+    metadata = {"help": help, "type": type, "choices": choices, "aliases": tuple(aliases)}
     if required:
         return dataclasses.field(metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -63,8 +62,6 @@ def build_parser(settings, prog, description, epilog=None):
                 continue  # no flag of its own: it holds the flags no group declares
             flags = [f"--{field.name}", *field.metadata["aliases"]]
             options = {"help": field.metadata["help"]}
-            if field.metadata["metavar"]:
-                options["metavar"] = field.metadata["metavar"]
             if field.type is bool:
                 add(*flags, action="store_true", **options)
             elif field.default is dataclasses.MISSING:
