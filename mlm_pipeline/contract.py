@@ -29,6 +29,10 @@ from .storage import is_local_path, is_remote
 TOKENIZER_FILE = "tokenizer.json"
 # either one makes a folder a tokenizer's
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
+# train_unigram.py's special tokens, at ids 0-4. <pad> must be id 1: transformers' TF RoBERTa
+# numbers positions from a padding index fixed at 1 (PyTorch: pad_token_id), so any other id would
+# shift positions between the two frameworks.
+SPECIAL_TOKENS = ["[CLS]", "<pad>", "[SEP]", "<unk>", "[MASK]"]
 
 # --- prepare_tfrecord_shards.py -> a split's folder of shards
 SPLITS = ("train", "validation", "test")

@@ -1,8 +1,9 @@
 """Reading a corpus: local or gs:// files (one, or a glob over many), or a Hub dataset, as a stream
 of texts.
 
-train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags (`add_corpus_flags`) and
-read their input through here, so both accept the same files and refuse bad ones in the same words.
+train_unigram.py and prepare_tfrecord_shards.py declare their corpus flags as a `Corpus` group (a
+--<split>_file field for each split they read added by `split_file_setting`) and read their input
+through here, so both accept the same files and refuse bad ones in the same words.
 A file is read by its extension: plain text, whatever its extension (.txt, WikiText's .raw or
 .tokens, none), one document per line (split exactly as datasets' "text" builder splits it); JSON
 lines (.jsonl, .json: one object per line, or one JSON array of them, read whole), CSV and Parquet
@@ -21,6 +22,7 @@ Nothing here needs TensorFlow but gs:// reading in one process.
 
 import bz2
 import csv
+import dataclasses
 import glob
 import gzip
 import io
@@ -29,9 +31,11 @@ import json
 import os
 import zlib
 from contextlib import closing, contextmanager
+from typing import Optional
 
 from . import storage
 from .errors import UsageError, first_line, positive_int
+from .settings import setting
 from .tf_startup import tensorflow_startup_log_held_back
 
 # What a file holds, by its extension (the one before a compression extension): one of these
@@ -65,55 +69,54 @@ DEFAULT_DATASET = "wikitext"
 DEFAULT_DATASET_CONFIG = "wikitext-103-raw-v1"
 
 
-def add_corpus_flags(parser, splits):
-    """Declare the flags that say where a corpus comes from, for both data scripts: a --<split>_file
-    for each of `splits`, or a Hub dataset (WikiText-103 by default), and how to read it. Returns
-    the argument group, for a script to add its own reading flags to."""
-    data = parser.add_argument_group("data: local or gs:// files, or a Hub dataset (the default)")
-    add = data.add_argument
-    for split in splits:
-        add(
-            f"--{split}_file",
-            help=f"The {split} split: a file, or a quoted glob over files read in sorted order "
-            "('corpus/*.txt', 'gs://bucket/c4/*.json.gz'), local or gs://. Plain text is one "
-            "document per line under any extension; .jsonl/.json (JSON lines, or one JSON array), "
-            ".csv and .parquet files are read by --text_column; text formats may be compressed "
-            "(.gz, .zst, .bz2). "
-            "Without it, the split comes from --dataset_name.",
-        )
-    add(
-        "--dataset_name",
-        default=DEFAULT_DATASET,
-        help=f"The Hub dataset to read when no file is given, or a local folder laid out as one "
-        f"(default: {DEFAULT_DATASET}).",
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """Local or gs:// files, or a Hub dataset (the default), and how to read them."""
+
+    dataset_name: str = setting(
+        "The Hub dataset to read when no file is given, or a local folder laid out as one.",
+        DEFAULT_DATASET,
     )
-    add(
-        "--dataset_config",
-        default=DEFAULT_DATASET_CONFIG,
-        help=f"Which configuration of the Hub dataset (default: {DEFAULT_DATASET_CONFIG}).",
+    dataset_config: str = setting("Which configuration of the Hub dataset.", DEFAULT_DATASET_CONFIG)
+    text_column: str = setting(
+        "The column that holds the text in a Hub dataset, or in JSON lines, CSV or Parquet files.",
+        "text",
     )
-    add(
-        "--text_column",
-        default="text",
-        help="The column that holds the text in a Hub dataset, or in JSON lines, CSV or Parquet "
-        "files (default: text).",
+    limit: Optional[int] = setting(
+        "Read only the first LIMIT rows of the split.", type=positive_int
     )
-    add("--limit", type=positive_int, help="Read only the first LIMIT rows of the split.")
-    add(
-        "--streaming",
-        action="store_true",
-        help="Read the Hub dataset as a stream instead of downloading the whole split into the "
-        "datasets cache first: nothing is written to the cache, so a corpus larger than the disk "
-        "will do (with --limit, only its first rows are read). Files (--train_file...) are always "
-        "read as a stream.",
+    streaming: bool = setting(
+        "Read the Hub dataset as a stream instead of downloading the whole split into the datasets "
+        "cache first: nothing is written to the cache, so a corpus larger than the disk will do "
+        "(with --limit, only its first rows are read). Files (--train_file...) are always read as "
+        "a stream.",
+        False,
     )
-    add(
-        "--trust_remote_code",
-        action="store_true",
-        help="Let a Hub repository run the code it ships to load its dataset or tokenizer; only "
-        "for repositories you trust.",
+    trust_remote_code: bool = setting(
+        "Let a Hub repository run the code it ships to load its dataset or tokenizer; only for "
+        "repositories you trust.",
+        False,
     )
-    return data
+
+    def split_file(self, split):
+        """The --<split>_file given (a path or a glob), or None: the split comes from the Hub."""
+        return getattr(self, f"{split}_file", None)
+
+    def source(self, split):
+        """The split's source as the run names it: its file or glob as given, else the Hub
+        dataset/config."""
+        return self.split_file(split) or f"{self.dataset_name}/{self.dataset_config}"
+
+
+def split_file_setting(split):
+    """The field of a --<split>_file flag, for a script's corpus group (a Corpus)."""
+    return setting(
+        f"The {split} split: a file, or a quoted glob over files read in sorted order "
+        "('corpus/*.txt', 'gs://bucket/c4/*.json.gz'), local or gs://. Plain text is one document "
+        "per line under any extension; .jsonl/.json (JSON lines, or one JSON array), .csv and "
+        ".parquet files are read by --text_column; text formats may be compressed (.gz, .zst, "
+        ".bz2). Without it, the split comes from --dataset_name."
+    )
 
 
 def extensions(path):

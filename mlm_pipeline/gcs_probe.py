@@ -9,12 +9,17 @@ failed delete left behind) and the probe stops there; nothing printed means ever
 
 The child process exists for its environment: storage.GCS_PROBE_ENV's few quick retries and short
 timeouts, which TensorFlow reads once per process, so the run that started it keeps the defaults.
-TensorFlow is imported only in main(): storage.py imports this module for its name alone.
+Only that child imports this module (storage.py names it, GCS_PROBE_MODULE), so TensorFlow is
+imported at the top.
 """
 
 import json
 import sys
 import uuid
+
+import tensorflow as tf
+
+from .storage import bucket_of
 
 
 def first_failure(paths, probe_prefix):
@@ -27,8 +32,6 @@ def first_failure(paths, probe_prefix):
     same prefix at once), and it is deleted at once: a checkpoint rotation and every rewritten log
     need delete as much as create. Reading a bucket's own metadata takes a right that reading and
     writing its objects does not: if that is refused, the bucket is taken to exist."""
-    import tensorflow as tf
-
     for mode, path in (argument.split(":", 1) for argument in paths):
         try:
             tf.io.gfile.exists(path)
@@ -59,11 +62,6 @@ def first_failure(paths, probe_prefix):
 def report(path, step, error, message, left=None):
     """What failed, as storage.probe_failure() reads it."""
     return {"path": path, "step": step, "error": error, "message": message, "left": left}
-
-
-def bucket_of(path):
-    """gs://BUCKET of a gs:// path (the probe looks it up; storage.py's refusals name it)."""
-    return "/".join(path.split("/")[:3])
 
 
 def main(argv):

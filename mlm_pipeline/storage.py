@@ -10,6 +10,10 @@ Every file the steps hand on is written so that it is never seen half-written: o
 `write_then_rename()` (a temporary name, then a rename), the files a library saves through
 `staged_folder()` (a staging folder, then published file by file, the one that marks the folder
 finished last).
+
+Nothing here imports TensorFlow: the checks run before it loads (the probe's child loads its own).
+The writes through TensorFlow's file system are in file_writes.py, an engine module; a gs://
+staged folder and write_whole() reach it only when they write.
 """
 
 import contextlib
@@ -21,16 +25,23 @@ import subprocess
 import sys
 import tempfile
 
-from . import gcs_probe, tf_startup
+from . import tf_startup
 from .errors import UsageError
 
 # the folder that holds this package: the probe's child process imports it from there
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the probe's module, run as `python -m`: it loads TensorFlow, which this process has not yet
+GCS_PROBE_MODULE = f"{__package__}.gcs_probe"
 
 
 def is_remote(path):
     """gs://... (or another URL TensorFlow's file system reads), as opposed to a local path."""
     return "://" in path
+
+
+def bucket_of(path):
+    """gs://BUCKET of a gs:// path (the probe looks it up; the probe's refusals name it)."""
+    return "/".join(path.split("/")[:3])
 
 
 def is_hub_id(name):
@@ -53,32 +64,18 @@ def temporary_path(path):
 
 
 @contextlib.contextmanager
-def write_then_rename(path, rename=None):
-    """The name to write `path` under: a hidden temporary file beside it, renamed to `path` once the
-    block ends without an error, so that nobody ever sees the file half-written (a rename is atomic
-    on a local file system, and a Cloud Storage object appears only once complete). If the block
-    fails, the temporary file is left for the caller's clean-up.
+def write_then_rename(path, rename):
+    """The name to write `path` under: a hidden temporary file beside it, renamed to `path` by
+    `rename(source, target)` once the block ends without an error, so that nobody ever sees the file
+    half-written (a rename is atomic on a local file system, and a Cloud Storage object appears only
+    once complete). If the block fails, the temporary file is left for the caller's clean-up.
 
-    `rename(source, target)` is TensorFlow's by default, which renames local and gs:// files alike;
-    Beam's workers, which have no TensorFlow, pass Beam's.
+    `rename` is TensorFlow's in the single process (file_writes.write_then_rename), which renames
+    local and gs:// files alike; Beam's workers, which have no TensorFlow, pass Beam's.
     """
     temporary = temporary_path(path)
     yield temporary
-    if rename is None:
-        import tensorflow as tf
-
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-    else:
-        rename(temporary, path)
-
-
-def write_whole(path, data):
-    """Write text or bytes to a file, local or gs://, that is never seen half-written."""
-    import tensorflow as tf
-
-    mode = "wb" if isinstance(data, bytes) else "w"
-    with write_then_rename(path) as temporary, tf.io.gfile.GFile(temporary, mode) as file:
-        file.write(data)
+    rename(temporary, path)
 
 
 @contextlib.contextmanager
@@ -91,27 +88,26 @@ def staged_folder(output_dir, last):
 
     The staging folder sits inside a local `output_dir`, so each file is put in place by a rename,
     which is atomic; for gs:// it is a temporary folder, and each file is uploaded (an object exists
-    only once whole).
+    only once whole) with TensorFlow's file system, loaded for a gs:// folder only: a local one, all
+    train_unigram.py saves to, needs no TensorFlow.
     """
     local = not is_remote(output_dir)
     output_dir = output_dir.rstrip("/")
     if local:
         os.makedirs(output_dir, exist_ok=True)
+        publish = publish_locally
     else:
-        import tensorflow as tf
+        from . import file_writes  # TensorFlow's file system, for gs:// only
 
-        tf.io.gfile.makedirs(output_dir)
+        file_writes.makedirs(output_dir)
+        publish = file_writes.upload
     with tempfile.TemporaryDirectory(
         dir=output_dir if local else None, prefix=".saving-"
     ) as folder:
         yield folder
         last_of_all = sorted(os.listdir(folder), key=lambda name: (name == last, name))
         for name in last_of_all:
-            source, target = os.path.join(folder, name), f"{output_dir}/{name}"
-            if local:
-                publish_locally(source, target)
-            else:
-                upload(source, target)
+            publish(os.path.join(folder, name), f"{output_dir}/{name}")
 
 
 def publish_locally(source, target):
@@ -120,16 +116,13 @@ def publish_locally(source, target):
     os.replace(source, target)
 
 
-def upload(source, target):
-    """Copy a local file, or a folder of files, to Cloud Storage."""
-    import tensorflow as tf
+def write_whole(path, data):
+    """file_writes.write_whole, for the modules that write through here: text or bytes to a file,
+    local or gs://, that is never seen half-written. TensorFlow's file system, which it writes
+    with, loads at the first write, not when this module is imported."""
+    from . import file_writes
 
-    if not os.path.isdir(source):
-        tf.io.gfile.copy(source, target, overwrite=True)
-        return
-    tf.io.gfile.makedirs(target)
-    for name in sorted(os.listdir(source)):
-        tf.io.gfile.copy(os.path.join(source, name), f"{target}/{name}", overwrite=True)
+    file_writes.write_whole(path, data)
 
 
 def check_local_output_dir(output_dir, flag="--output_dir"):
@@ -194,7 +187,7 @@ def check_gcs_paths(paths, writable=()):
         return
     first = next(iter(flags))
     modes = [("w:" if flags[path] in writable else "r:") + path for path in flags]
-    command = [sys.executable, "-m", gcs_probe.__name__, WRITE_PROBE_PREFIX, *modes]
+    command = [sys.executable, "-m", GCS_PROBE_MODULE, WRITE_PROBE_PREFIX, *modes]
     python_path = os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
     environment = {name: value for name, value in os.environ.items() if name not in GCS_PROBE_UNSET}
     try:
@@ -239,7 +232,7 @@ def probe_failure(failure, flag):
     reason = gcs_failure_reason(failure["message"])
     refused = failure["error"] in ("PermissionDeniedError", "UnauthenticatedError")
     refused = refused or re.search(r"code 40[13]\b", reason)
-    bucket = gcs_probe.bucket_of(path)
+    bucket = bucket_of(path)
     if step == "read" and refused:
         return UsageError(
             f"{where}: Cloud Storage refused access ({reason}); sign in with `gcloud auth "

@@ -23,6 +23,16 @@ from refusals import PREPARE, case, refused, refused_command
 import prepare_tfrecord_shards as prepare
 from mlm_pipeline import corpus, packing
 
+
+@pytest.fixture
+def shard_writing():
+    """The script's engine (mlm_pipeline/shard_writing.py), imported by the test that needs it: it
+    loads TensorFlow and transformers, which must wait until conftest.py has moved the caches."""
+    from mlm_pipeline import shard_writing
+
+    return shard_writing
+
+
 SHARD_NAME = re.compile(
     r"^(?P<split>train|validation|test)-(?P<block>\d{5})-(?P<index>\d{5})-(?P<count>\d+)\.tfrecord$"
 )
@@ -354,11 +364,11 @@ def rows_of_every_kind(max_length, seed):
 
 
 @pytest.mark.parametrize("max_length", [2, 3, 15, 128, 129, 1700])
-def test_serialize_is_byte_identical_to_tf_train_example(max_length):
+def test_serialize_is_byte_identical_to_tf_train_example(max_length, shard_writing):
     """Beam's workers encode records without TensorFlow: the same bytes as the script's
     tf.train.Example, the record as the single process writes it."""
     rows = rows_of_every_kind(max_length, seed=max_length)
-    expected = [prepare.tf_example(row).SerializeToString() for row in rows]
+    expected = [shard_writing.tf_example(row).SerializeToString() for row in rows]
     assert packing.serialize_examples(rows) == expected
 
 
@@ -402,7 +412,7 @@ def flat(lists):
     return [value for values in lists for value in values]
 
 
-def test_batch_encoder_gives_the_tokenizers_ids(tokenizer):
+def test_batch_encoder_gives_the_tokenizers_ids(tokenizer, shard_writing):
     texts = [line for line in make_corpus_lines(60, seed=5) if line.strip()]
     texts += [
         "[MASK] and [CLS] inside the text [SEP]",
@@ -411,14 +421,16 @@ def test_batch_encoder_gives_the_tokenizers_ids(tokenizer):
         "long " * 700,
     ]
     texts += ["<unk> <pad>", "trailing spaces  "]
-    encode = prepare.BatchEncoder(tokenizer)
+    encode = shard_writing.BatchEncoder(tokenizer)
     assert encode.direct
     ids = encode(texts)
     assert str(ids.dtype) == "int64"
     assert ids.tolist() == flat(tokenizer(texts)["input_ids"])
 
 
-def test_batch_encoder_ignores_truncation_and_padding_set_on_the_tokenizer(tokenizer_dir):
+def test_batch_encoder_ignores_truncation_and_padding_set_on_the_tokenizer(
+    tokenizer_dir, shard_writing
+):
     """transformers turns a backend's own truncation and padding off for `tokenizer(texts)`; so must
     we."""
     from transformers import AutoTokenizer
@@ -427,14 +439,16 @@ def test_batch_encoder_ignores_truncation_and_padding_set_on_the_tokenizer(token
     tokenizer.backend_tokenizer.enable_truncation(max_length=5)
     tokenizer.backend_tokenizer.enable_padding(length=64)
     texts = [line for line in make_corpus_lines(20, seed=6) if line.strip()]
-    ids = prepare.BatchEncoder(tokenizer)(texts).tolist()
+    ids = shard_writing.BatchEncoder(tokenizer)(texts).tolist()
     assert tokenizer.backend_tokenizer.truncation is not None, "the user's tokenizer was changed"
     expected = tokenizer(texts)["input_ids"]
     assert ids == flat(expected)
     assert max(map(len, expected)) > 5 and 64 not in map(len, expected)
 
 
-def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(tokenizer_dir, tokenizer):
+def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(
+    tokenizer_dir, tokenizer, shard_writing
+):
     from transformers import PreTrainedTokenizerFast
 
     class Shouting(PreTrainedTokenizerFast):
@@ -444,7 +458,7 @@ def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(tokenize
 
     shouting = Shouting.from_pretrained(str(tokenizer_dir))
     texts = ["the river crossed the old city", "a small house"]
-    encode = prepare.BatchEncoder(shouting)
+    encode = shard_writing.BatchEncoder(shouting)
     assert not encode.direct
     assert (
         encode(texts).tolist()
@@ -453,7 +467,7 @@ def test_batch_encoder_keeps_the_call_of_a_class_that_rewrites_the_text(tokenize
     )
 
 
-def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead():
+def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead(shard_writing):
     pulled = []
 
     def batches():
@@ -465,7 +479,7 @@ def test_in_order_keeps_the_order_and_reads_only_a_few_batches_ahead():
         time.sleep(random.random() / 200)  # threads finish out of order
         return value * value
 
-    results = prepare.in_order(slow_square, batches(), threads=3)
+    results = shard_writing.in_order(slow_square, batches(), threads=3)
     assert list(itertools.islice(results, 20)) == [value * value for value in range(20)]
     assert len(pulled) <= 20 + 2 * 3 + 1
     results.close()

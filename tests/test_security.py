@@ -32,8 +32,8 @@ def fake_hub():
     ],
 )
 def test_remote_code_is_off_unless_asked_for(module, argv):
-    def trust_remote_code(settings):  # run_mlm.py's is in its Model group
-        return getattr(settings, "model", settings).trust_remote_code
+    def trust_remote_code(settings):  # run_mlm.py's is in its Model group, steps 1-2's in Data
+        return (getattr(settings, "model", None) or settings.data).trust_remote_code
 
     assert trust_remote_code(module.parse_args(argv)) is False
     assert trust_remote_code(module.parse_args(argv + ["--trust_remote_code"])) is True
