@@ -6,6 +6,8 @@ its config is the parent's: pretrained_model.Parent.)"""
 import json
 import os
 
+from transformers import AutoConfig, RobertaConfig, TFAutoModelForMaskedLM
+
 from . import modernbert_config
 from .contract import FIXED_PADDING_INDEX_MODELS
 from .errors import UsageError, first_line
@@ -18,8 +20,6 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
 
     Only a config is read, never weights: training starts from random ones.
     """
-    from transformers import AutoConfig, RobertaConfig
-
     flag = "--pretrained_model_config"
     if source is not None and os.path.isfile(source) and not source.endswith(".json"):
         raise UsageError(f"{flag} {source} is a file but not JSON; pass a config.json.")
@@ -143,8 +143,6 @@ def register_tf_family(config):
 def has_tf_masked_lm(config):
     """Whether TFAutoModelForMaskedLM builds `config`: a transformers TF masked LM, or a family
     registered by register_tf_family()."""
-    from transformers import TFAutoModelForMaskedLM
-
     register_tf_family(config)
     return type(config) in TFAutoModelForMaskedLM._model_mapping
 
