@@ -1,7 +1,10 @@
 """run_mlm.py's architecture to train from random weights: a config to start from
 (--pretrained_model_config), the changes --config_overrides makes, each refused in one line when
 transformers would fail on it later, and the tokenizer's size and special ids. (Continuing a model,
-its config is the parent's: pretrained_model.Parent.)"""
+its config is the parent's: pretrained_model.Parent.)
+
+Part of the engine: whether a config has a TF masked LM is asked of transformers' TF auto classes,
+whose import loads TensorFlow, so the scripts import this module after the TPU's start-up."""
 
 import json
 import os

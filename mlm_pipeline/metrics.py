@@ -3,7 +3,8 @@
 `PositionAccuracy` is top-1 accuracy over the positions a boolean mask selects (every labelled
 position, or those whose input was [MASK]); `TopTokenShare` is the share of the predictions taken
 by the most predicted token, near 1 when the model has collapsed onto one answer (the "answer 'the'
-everywhere" plateau of a model early in training).
+everywhere" plateau of a model early in training). The trainer makes them by name:
+`PositionAccuracy("masked_accuracy")`, `TopTokenShare(vocab_size)`.
 """
 
 import tensorflow as tf

@@ -2,7 +2,9 @@
 manifest read back, every shard looked up at once, each one whole and holding the tokenizer's ids;
 and, during training, a shard found corrupt named in one line.
 
-The names and keys these checks read are the file contract's (contract.py).
+The names and keys these checks read are the file contract's (contract.py). The shards are read
+through TensorFlow (tf.io.gfile on local disks and gs:// alike, tf.data for the records), so this
+module is part of the engine, imported after the TPU's start-up.
 """
 
 import contextlib
