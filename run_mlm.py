@@ -905,7 +905,15 @@ def main(settings, callbacks=()):
     schedule = training_run.Schedule(train_plan, total_steps, short_steps, evaluation)
     if steps.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
         return preflight.preflight_masked_lm(
-            trainer, settings, schedule, max_length, train_dataset_from, eval_dataset, eval_batches
+            trainer,
+            settings,
+            schedule,
+            max_length,
+            train_dataset_from,
+            eval_dataset,
+            eval_batches,
+            save=save,  # the final save and the FLOPs of its LM head are counted too
+            predictions=max_predictions(max_length, masking.train_probability),
         )
     run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
         settings, strategy, schedule, config, named_tokenizer, manifests, save, parent
