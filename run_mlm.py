@@ -706,9 +706,9 @@ def masked_lm_trainer(masked_lm, mlm_head, mask_token_id, accumulation_steps=1):
             super().__init__()
             self.masked_lm = masked_lm
             self.loss_tracker = tf_keras.metrics.Mean(name="loss")
-            self.masked_accuracy = metrics.position_accuracy("masked_accuracy")
-            self.mask_token_accuracy = metrics.position_accuracy("mask_token_accuracy")
-            self.top_token_share = metrics.top_token_share(masked_lm.config.vocab_size)
+            self.masked_accuracy = metrics.PositionAccuracy("masked_accuracy")
+            self.mask_token_accuracy = metrics.PositionAccuracy("mask_token_accuracy")
+            self.top_token_share = metrics.TopTokenShare(masked_lm.config.vocab_size)
 
         @property
         def metrics(self):  # what fit() resets every epoch and reports
@@ -848,7 +848,7 @@ def fit_exact_steps(
     stopped: an endless stream, so a fit() epoch of `steps_per_epoch` steps need not be a pass over
     the data (--eval_steps; then `numbered` False). The epochs are numbered as one run across the
     calls (training_logs.py)."""
-    progress = training_logs.progress_callback(steps_to_run.stop, steps_per_epoch, numbered)
+    progress = training_logs.RunProgress(steps_to_run.stop, steps_per_epoch, numbered)
     logs = {}
     for first_step, epoch, epochs, steps_per_call in segments.fit_segments(
         steps_to_run.start, steps_to_run.stop, steps_per_epoch, phase_end=phase_end

@@ -1,10 +1,15 @@
 """run_mlm.py's architecture to train from random weights: a config to start from
 (--pretrained_model_config), the changes --config_overrides makes, each refused in one line when
 transformers would fail on it later, and the tokenizer's size and special ids. (Continuing a model,
-its config is the parent's: pretrained_model.Parent.)"""
+its config is the parent's: pretrained_model.Parent.)
+
+Part of the engine: whether a config has a TF masked LM is asked of transformers' TF auto classes,
+whose import loads TensorFlow, so the scripts import this module after the TPU's start-up."""
 
 import json
 import os
+
+from transformers import AutoConfig, RobertaConfig, TFAutoModelForMaskedLM
 
 from . import modernbert_config
 from .contract import FIXED_PADDING_INDEX_MODELS
@@ -18,8 +23,6 @@ def load_config(source=None, overrides=None, trust_remote_code=False):
 
     Only a config is read, never weights: training starts from random ones.
     """
-    from transformers import AutoConfig, RobertaConfig
-
     flag = "--pretrained_model_config"
     if source is not None and os.path.isfile(source) and not source.endswith(".json"):
         raise UsageError(f"{flag} {source} is a file but not JSON; pass a config.json.")
@@ -143,8 +146,6 @@ def register_tf_family(config):
 def has_tf_masked_lm(config):
     """Whether TFAutoModelForMaskedLM builds `config`: a transformers TF masked LM, or a family
     registered by register_tf_family()."""
-    from transformers import TFAutoModelForMaskedLM
-
     register_tf_family(config)
     return type(config) in TFAutoModelForMaskedLM._model_mapping
 

@@ -17,6 +17,9 @@ import dataclasses
 import json
 import tempfile
 
+import tensorflow as tf
+import tf_keras
+
 from .contract import (
     CHECKPOINT_DIR,
     CURVES_NAME,
@@ -76,8 +79,6 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings, plan=None):
     the batch differs because --gradient_accumulation_steps now multiplies it
     (`accumulation_changed`).
     """
-    import tensorflow as tf
-
     output_dir = output_dir.rstrip("/")
     folder = checkpoint_dir(output_dir)
     path = f"{folder}/{RUN_SETTINGS_NAME}"
@@ -162,8 +163,6 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
     evaluation that checkpoint follows gets its row of training_log.csv if the interrupted run was
     killed before writing it.
     """
-    import tensorflow as tf
-
     checkpoint = tf.train.Checkpoint(model=masked_lm, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir(output_dir), max_to_keep=keep)
     if manager.latest_checkpoint is None:
@@ -184,8 +183,6 @@ def restore_checkpoint(output_dir, masked_lm, optimizer, keep, chief=True):
 def log_epoch_of_checkpoint(output_dir, step):
     """Write the row of the evaluation the checkpoint of `step` follows, if training_log.csv lacks
     it."""
-    import tensorflow as tf
-
     path = f"{checkpoint_dir(output_dir)}/{EPOCH_ROW_NAME}"
     if not tf.io.gfile.exists(path):
         return
@@ -205,14 +202,12 @@ def scratch_manager(manager):
     Saving a checkpoint may take part in the cluster's collective ops, so every worker saves; only
     the chief's land in --output_dir. Remove the folder (`manager.directory`) when training ends.
     """
-    import tensorflow as tf
-
     return tf.train.CheckpointManager(
         manager.checkpoint, tempfile.mkdtemp(prefix="worker-checkpoints-"), max_to_keep=1
     )
 
 
-def checkpoint_callback(manager, save_steps, training_log=None, steps_per_epoch=None):
+class SaveCheckpoints(tf_keras.callbacks.Callback):
     """A Keras callback that saves through `manager` every `save_steps` optimizer steps (0: never)
     and at the end of every fit() epoch (a pass over the data, or --eval_steps steps), the epoch's
     last step included: it waits for the epoch's evaluation.
@@ -221,60 +216,56 @@ def checkpoint_callback(manager, save_steps, training_log=None, steps_per_epoch=
     once the checkpoint that ends it is saved, in the column `epoch` the pass over the data (of
     `steps_per_epoch` steps) its last step falls in; a copy of the row is saved first, beside the
     checkpoints, for a run killed between the two (restore_checkpoint writes it then).
+
+    The step is read from the device once per epoch and counted on the host in between: reading it
+    after every batch would stall each step (on a TPU, each execution) until the device catches up.
     """
-    import tf_keras
 
-    class SaveCheckpoints(tf_keras.callbacks.Callback):
-        """The step is read from the device once per epoch and counted on the host in between:
-        reading it after every batch would stall each step (on a TPU, each execution) until the
-        device catches up."""
+    def __init__(self, manager, save_steps, training_log=None, steps_per_epoch=None):
+        super().__init__()
+        self.manager, self.save_steps = manager, save_steps
+        self.training_log, self.steps_per_epoch = training_log, steps_per_epoch
+        # the logs stay on the device too: nothing here reads them
+        self._supports_tf_logs = True
+        self.saved_step = None
+        self.epoch_start = None
 
-        def __init__(self):
-            super().__init__()
-            # the logs stay on the device too: nothing here reads them
-            self._supports_tf_logs = True
-            self.saved_step = None
-            self.epoch_start = None
+    def step(self):
+        return int(self.model.optimizer.iterations.numpy())
 
-        def step(self):
-            return int(self.model.optimizer.iterations.numpy())
+    def save(self):
+        self.saved_step = self.step()
+        self.manager.save(checkpoint_number=self.saved_step)
 
-        def save(self):
-            self.saved_step = self.step()
-            manager.save(checkpoint_number=self.saved_step)
+    def on_train_begin(self, logs=None):
+        if self.saved_step is None:
+            self.saved_step = self.step()  # a resumed run starts from a saved step
 
-        def on_train_begin(self, logs=None):
-            if self.saved_step is None:
-                self.saved_step = self.step()  # a resumed run starts from a saved step
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_start = self.step()
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch_start = self.step()
+    def on_train_batch_end(self, batch, logs=None):
+        # `batch` is the index of the last step run in this epoch; with --steps_per_execution > 1
+        # this runs once per execution, so save on crossing a multiple of save_steps.
+        if batch + 1 == self.params["steps"]:
+            # Saved at the epoch's end instead, after its evaluation: saved here, a kill during the
+            # evaluation would resume past an epoch whose row of training_log.csv was never written.
+            return
+        done, every = self.epoch_start + batch + 1, self.save_steps
+        if every and done // every > self.saved_step // every:
+            self.save()
 
-        def on_train_batch_end(self, batch, logs=None):
-            # `batch` is the index of the last step run in this epoch; with --steps_per_execution >
-            # 1 this runs once per execution, so save on crossing a multiple of save_steps.
-            if batch + 1 == self.params["steps"]:
-                # Saved at the epoch's end instead, after its evaluation: saved here, a kill during
-                # the evaluation would resume past an epoch whose row of training_log.csv was never
-                # written.
-                return
-            done = self.epoch_start + batch + 1
-            if save_steps and done // save_steps > self.saved_step // save_steps:
-                self.save()
-
-        def on_epoch_end(self, epoch, logs=None):
-            # fit()'s `epoch` counts its own epochs (--eval_steps long, maybe); a row names the
-            # pass over the data
-            if training_log:
-                epoch = epoch_of_step(self.step(), steps_per_epoch)
-            if self.step() != self.saved_step:
-                if training_log:
-                    row = {"step": self.step(), "epoch": epoch, "logs": dict(logs or {})}
-                    write_whole(
-                        f"{manager.directory}/{EPOCH_ROW_NAME}", json.dumps(row, default=float)
-                    )
-                self.save()
-            if training_log:
-                write_epoch_row(training_log, epoch, dict(logs or {}))
-
-    return SaveCheckpoints()
+    def on_epoch_end(self, epoch, logs=None):
+        # fit()'s `epoch` counts its own epochs (--eval_steps long, maybe); a row names the pass
+        # over the data
+        if self.training_log:
+            epoch = epoch_of_step(self.step(), self.steps_per_epoch)
+        if self.step() != self.saved_step:
+            if self.training_log:
+                row = {"step": self.step(), "epoch": epoch, "logs": dict(logs or {})}
+                write_whole(
+                    f"{self.manager.directory}/{EPOCH_ROW_NAME}", json.dumps(row, default=float)
+                )
+            self.save()
+        if self.training_log:
+            write_epoch_row(self.training_log, epoch, dict(logs or {}))

@@ -10,6 +10,9 @@ import tempfile
 import threading
 import time
 
+import tensorflow as tf
+import tf_keras
+
 from .contract import CURVES_NAME, MODEL_CARD_NAME
 from .errors import UsageError
 from .hub import FINAL_PUSH_TIMEOUT, hub_error_text, open_repository
@@ -106,33 +109,9 @@ class HubPusher:
         finally:
             staging.cleanup()
 
-    def epoch_end_callback(self, total_steps):
-        """A Keras callback that pushes a snapshot at each evaluation, in the background; none at
-        the last (the step `total_steps`), which push_final() covers."""
-        import tf_keras
-
-        pusher = self
-
-        class PushAtEpochEnd(tf_keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                step = int(self.model.optimizer.iterations.numpy())
-                if step >= total_steps:
-                    return
-                # fit()'s epochs may be --eval_steps long: the step says where training is
-                message = f"Step {step} of {total_steps}"
-                if not pusher.push_in_background(self.model, dict(logs or {}), message):
-                    print(
-                        f"Skipped the Hub push of step {step}: the previous push is still "
-                        "uploading."
-                    )
-
-        return PushAtEpochEnd()
-
     def push_final(self, trainer, card_text, message):
         """Push the final model and wait, `push_timeout` seconds at most; a failure or a push that
         does not end in time is one line, and the model stays saved in the output folder."""
-        import tensorflow as tf
-
         # the budget covers waiting for uploads, not writing the snapshot, which is local work
         waited = 0.0
         if self.uploading():
@@ -193,3 +172,21 @@ class HubPusher:
             f"{self.repo_id} {what_happened}; push it later with `hf upload {self.repo_id} "
             f"{self.output_dir} --exclude 'checkpoints/*'`{local_copy}."
         )
+
+
+class PushAtEpochEnd(tf_keras.callbacks.Callback):
+    """A Keras callback that has `pusher` (a HubPusher) push a snapshot at each evaluation, in the
+    background; none at the last (the step `total_steps`), which push_final() covers."""
+
+    def __init__(self, pusher, total_steps):
+        super().__init__()
+        self.pusher, self.total_steps = pusher, total_steps
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step >= self.total_steps:
+            return
+        # fit()'s epochs may be --eval_steps long: the step says where training is
+        message = f"Step {step} of {self.total_steps}"
+        if not self.pusher.push_in_background(self.model, dict(logs or {}), message):
+            print(f"Skipped the Hub push of step {step}: the previous push is still uploading.")

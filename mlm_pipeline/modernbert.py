@@ -19,7 +19,12 @@ import math
 import numpy as np
 import tensorflow as tf
 import tf_keras
-from transformers import ModernBertConfig
+from transformers import (
+    ModernBertConfig,
+    TFAutoModel,
+    TFAutoModelForMaskedLM,
+    TFAutoModelForSequenceClassification,
+)
 from transformers.activations_tf import get_tf_activation
 from transformers.modeling_tf_outputs import (
     TFBaseModelOutput,
@@ -741,12 +746,6 @@ class TFModernBertForSequenceClassification(
 def register():
     """Make transformers 4.57's TF auto classes build these for a ModernBertConfig
     (TFAutoModelForMaskedLM.from_config, from_pretrained); safe to call again."""
-    from transformers import (
-        TFAutoModel,
-        TFAutoModelForMaskedLM,
-        TFAutoModelForSequenceClassification,
-    )
-
     TFAutoModel.register(ModernBertConfig, TFModernBertModel, exist_ok=True)
     TFAutoModelForMaskedLM.register(ModernBertConfig, TFModernBertForMaskedLM, exist_ok=True)
     TFAutoModelForSequenceClassification.register(

@@ -45,6 +45,9 @@ import tempfile
 import time
 import warnings
 
+import tensorflow as tf
+import tf_keras
+
 from . import segments, tpu_runtime, training_logs
 from .errors import UsageError, tf_error_text
 
@@ -394,8 +397,6 @@ def preflight(
 def out_of_memory(error):
     """Whether `error` says a device ran out of memory: TensorFlow's ResourceExhaustedError, or an
     XLA error carrying the status RESOURCE_EXHAUSTED (a TPU program too large to compile)."""
-    import tensorflow as tf
-
     if isinstance(error, tf.errors.ResourceExhaustedError):
         return True
     return isinstance(error, tf.errors.OpError) and "RESOURCE_EXHAUSTED" in str(error)
@@ -455,7 +456,7 @@ def fit_calls(total_steps, steps_per_evaluation, phase_end=0):
 
 
 def checkpoint_count(total_steps, save_steps, steps_per_evaluation, phase_end=0, execution=1):
-    """How many checkpoints a run from step 0 saves, as checkpoints.checkpoint_callback saves them:
+    """How many checkpoints a run from step 0 saves, as checkpoints.SaveCheckpoints saves them:
     one at the end of every fit() epoch (where an evaluation comes), and one at the end of each
     other execution (of `execution` steps) that crosses a multiple of `save_steps` (0: none)."""
     count = 0
@@ -472,24 +473,20 @@ def checkpoint_count(total_steps, save_steps, steps_per_evaluation, phase_end=0,
     return count
 
 
-def step_clock():
+class StepClock(tf_keras.callbacks.Callback):
     """A Keras callback that notes when each of fit()'s executions, and evaluate()'s batches, end:
     the time between two ends is all that fit() does for a step, the input pipeline included."""
-    import tf_keras
 
-    class StepClock(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.started = time.perf_counter()
-            self.ends = []
+    def __init__(self):
+        super().__init__()
+        self.started = time.perf_counter()
+        self.ends = []
 
-        def on_train_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
 
-        def on_test_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
-
-    return StepClock()
+    def on_test_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
 
 
 def intervals_of(clock, steps_per_end=1):
@@ -517,11 +514,11 @@ def time_fit(trainer, dataset, steps_per_execution, restart=False):
     each later call of the run pays (the input pipeline's restart)."""
     timed_executions = max(3, -(-TIMED_STEPS // steps_per_execution))
     steps = (WARMUP_EXECUTIONS + timed_executions) * steps_per_execution
-    clock = step_clock()
+    clock = StepClock()
     trainer.fit(dataset, epochs=1, steps_per_epoch=steps, callbacks=[clock], verbose=0)
     timing = timing_of(intervals_of(clock, steps_per_execution), steps_per_execution)
     if restart:
-        clock = step_clock()
+        clock = StepClock()
         steps = RESTART_EXECUTIONS * steps_per_execution
         trainer.fit(dataset, epochs=1, steps_per_epoch=steps, callbacks=[clock], verbose=0)
         first = intervals_of(clock, steps_per_execution)[0]
@@ -533,12 +530,12 @@ def time_evaluation(trainer, dataset, batches, restart=False):
     """evaluate() on the first batches of `dataset` (all of them when there are few); with
     `restart`, a second call on a few, whose first batch beyond a mean one is what each later
     evaluation pays."""
-    clock = step_clock()
+    clock = StepClock()
     steps = min(batches, WARMUP_EXECUTIONS + TIMED_STEPS)
     trainer.evaluate(dataset, steps=steps, callbacks=[clock], verbose=0)
     timing = timing_of(intervals_of(clock))
     if restart:
-        clock = step_clock()
+        clock = StepClock()
         trainer.evaluate(
             dataset, steps=min(batches, RESTART_EXECUTIONS), callbacks=[clock], verbose=0
         )
@@ -562,8 +559,6 @@ def time_overheads(start, checkpoint, checkpoints, final_save):
     folder = tempfile.mkdtemp(prefix="preflight-")
     try:
         if checkpoint is not None and checkpoints:
-            import tensorflow as tf
-
             manager = tf.train.CheckpointManager(
                 checkpoint, os.path.join(folder, "checkpoints"), max_to_keep=1
             )
@@ -595,8 +590,6 @@ def seconds_since_process_start():
 def describe_hardware(strategy):
     """The strategy, its replicas, the device they run on and its kind, TensorFlow's and libtpu's
     versions, and whether TensorFlow drives the TPU through PJRT."""
-    import tensorflow as tf
-
     if isinstance(strategy, tf.distribute.TPUStrategy):
         device, kind = "TPU", tpu_generation() or "unknown generation"
         kind = f"TPU {kind}" if kind[0] == "v" else kind
@@ -678,8 +671,6 @@ def peak_memory(strategy, hardware):
     the memory of its generation (TPU_MEMORY_BYTES). Where no replica reports a peak (a TPU under
     PJRT: get_memory_info raises "Allocator stats not available"), a Memory without one, that says
     so: never a peak of 0 that would read as fitting."""
-    import tensorflow as tf
-
     if hardware["device"] == "CPU":
         peak = peak_resident_bytes()
         peak_of = "the process's peak resident memory"
@@ -796,8 +787,6 @@ def preflight_masked_lm(
         "the shards' --max_length",
         speed.gradient_accumulation_steps,
     )
-    import tensorflow as tf
-
     masked_lm, sequences = trainer.masked_lm, schedule.plan.global_batch_size
     flops = None
     if predictions is not None:

@@ -24,6 +24,16 @@ import copy
 import json
 import os
 
+import h5py
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from transformers.modeling_tf_pytorch_utils import (
+    TransposeType,
+    convert_tf_weight_name_to_pt_weight_name,
+)
+from transformers.tf_utils import load_attributes_from_hdf5_group
+
 from .architecture import check_padding_index
 from .contract import PYTORCH_DIR, PYTORCH_WEIGHTS_NAME
 from .errors import UsageError, first_line
@@ -42,12 +52,6 @@ def assign_pytorch_weights(model, files, name):
     """Set the weights of the built TF `model` from PyTorch-layout safetensors `files`. Returns the
     PyTorch names of the weights the files lack (left as they were: random); a weight of another
     shape, or a file that cannot be read, is one line naming `name`."""
-    from safetensors import safe_open
-    from transformers.modeling_tf_pytorch_utils import (
-        TransposeType,
-        convert_tf_weight_name_to_pt_weight_name,
-    )
-
     with contextlib.ExitStack() as stack:
         where = {}  # PyTorch name -> the open file that holds it
         try:
@@ -99,10 +103,6 @@ def assign_tf_weights_by_pytorch_name(model, layers, path, name):
     where transformers 5 loads them (ModernBERT's masked LM keeps its `head` in a layer `lm_head`,
     for its get_lm_head(); the classifier's is `head`). The layers the loader left new are matched
     here weight by weight, by the names transformers 5 goes by."""
-    import h5py
-    import numpy as np
-    from transformers.modeling_tf_pytorch_utils import convert_tf_weight_name_to_pt_weight_name
-    from transformers.tf_utils import load_attributes_from_hdf5_group
 
     def pytorch_name(tf_name, shape):
         return convert_tf_weight_name_to_pt_weight_name(tf_name, tf_weight_shape=shape)[0]
@@ -192,11 +192,6 @@ def pytorch_state_dict(model):
     `classifier`, RoBERTa's `classifier.dense` and `classifier.out_proj`, ModernBERT's `head` and
     `classifier`) is named as in its PyTorch twin, so nothing is left out or tied.
     """
-    from transformers.modeling_tf_pytorch_utils import (
-        TransposeType,
-        convert_tf_weight_name_to_pt_weight_name,
-    )
-
     config = model.config
     # the config was refused before training already; never write such a copy
     check_padding_index(
@@ -239,8 +234,6 @@ def write_pytorch_copy(model, tokenizer, folder):
     model.safetensors it finds there, and fails on PyTorch-format files (its bug, not to be fixed),
     so the TF model would no longer load by default.
     """
-    from safetensors.numpy import save_file
-
     copy_folder = os.path.join(folder, PYTORCH_DIR)
     os.makedirs(copy_folder, exist_ok=True)
     pytorch_config(model).save_pretrained(copy_folder)

@@ -2,13 +2,17 @@
 manifest read back, every shard looked up at once, each one whole and holding the tokenizer's ids;
 and, during training, a shard found corrupt named in one line.
 
-The names and keys these checks read are the file contract's (contract.py).
+The names and keys these checks read are the file contract's (contract.py). The shards are read
+through TensorFlow (tf.io.gfile on local disks and gs:// alike, tf.data for the records), so this
+module is part of the engine, imported after the TPU's start-up.
 """
 
 import contextlib
 import json
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
+
+import tensorflow as tf
 
 from .contract import (
     FEATURE_NAME,
@@ -25,8 +29,6 @@ def read_manifest(folder, flag):
     """A finished split's manifest, with "files": the full path of every shard it lists, and
     "sizes": each one's size in bytes, looked up once (all at once), which also checks that each is
     present."""
-    import tensorflow as tf
-
     folder = folder.rstrip("/")
     path = f"{folder}/{MANIFEST_NAME}"
     if not tf.io.gfile.isdir(folder):
@@ -71,7 +73,6 @@ SHARD_LOOKUPS_AT_ONCE = 32
 def shard_sizes(files):
     """{path: size in bytes, or None when missing}, one stat() per shard, SHARD_LOOKUPS_AT_ONCE at
     a time."""
-    import tensorflow as tf
 
     def size(path):
         try:
@@ -106,8 +107,6 @@ def check_shards(manifest, flag, vocab_size):
 
 
 def check_shard(shard, path, size, flag, features, vocab_size):
-    import tensorflow as tf
-
     try:
         if "bytes" in shard:
             found, expected, unit = size, shard["bytes"], "bytes"
@@ -137,16 +136,12 @@ def check_shard(shard, path, size, flag, features, vocab_size):
 
 def count_records(path):
     """Read a shard to its end; a corrupt one raises tf.errors.DataLossError."""
-    import tensorflow as tf
-
     return sum(1 for _ in tf.data.TFRecordDataset(path))
 
 
 def find_corrupt_shard(files):
     """The first shard that cannot be read to its end: TF's corruption error does not name the
     file."""
-    import tensorflow as tf
-
     for path in files:
         try:
             count_records(path)
@@ -225,8 +220,6 @@ def check_vocabulary(manifest, flag, fingerprint, tokenizer_name, tokenizer_flag
 def corrupt_shards_named(manifests, output_dir):
     """Inside: a shard that training finds corrupt (TF's DataLossError, which does not say which)
     becomes a UsageError that names it and says what to do."""
-    import tensorflow as tf
-
     try:
         yield
     except tf.errors.DataLossError as error:

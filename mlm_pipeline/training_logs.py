@@ -11,7 +11,11 @@ rate and tokens per second, to TensorBoard (<output_dir>/logs); the run ends wit
 import csv
 import io
 import math
+import sys
 import time
+
+import tensorflow as tf
+import tf_keras
 
 from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
 from .storage import write_whole
@@ -25,46 +29,40 @@ def perplexity(loss):
 def write_eval_scalars(logs):
     """The evaluation's figures among `logs` (val_loss, ... as fit() names them) as TensorBoard's
     eval/ scalars, into the default writer at its step."""
-    import tensorflow as tf
-
     for name, value in logs.items():
         if name.startswith("val_"):
             tf.summary.scalar(f"eval/{name[len('val_') :]}", float(value))
 
 
-def epoch_summary_callback():
+class EpochSummary(tf_keras.callbacks.Callback):
     """A Keras callback that adds val_perplexity, the wall time and the optimizer step to each
     epoch's logs, the figures of the epoch's row of training_log.csv."""
-    import tf_keras
 
-    class EpochSummary(tf_keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
         # set once: fit_exact_steps may call fit() several times with the same callbacks
-        start = None
+        self.start = None
 
-        def on_train_begin(self, logs=None):
-            if self.start is None:
-                self.start = time.perf_counter()
+    def on_train_begin(self, logs=None):
+        if self.start is None:
+            self.start = time.perf_counter()
 
-        def on_epoch_end(self, epoch, logs=None):
-            if logs is None:
-                return
-            if "val_loss" in logs:
-                logs["val_perplexity"] = perplexity(logs["val_loss"])
-            logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
-            logs["step"] = int(self.model.optimizer.iterations.numpy())
-
-    return EpochSummary()
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        if "val_loss" in logs:
+            logs["val_perplexity"] = perplexity(logs["val_loss"])
+        logs["elapsed_minutes"] = (time.perf_counter() - self.start) / 60
+        logs["step"] = int(self.model.optimizer.iterations.numpy())
 
 
 def progress_verbosity():
     """fit()'s `verbose`, for both training scripts: a progress bar on a terminal, a line an epoch
     in a log file."""
-    import sys
-
     return 1 if sys.stdout.isatty() else 2
 
 
-def progress_callback(total_steps, steps_per_epoch, numbered=True):
+class RunProgress(tf_keras.callbacks.ProgbarLogger):
     """Keras' progress bar, its epochs numbered as one sequence for the whole run, and after each
     epoch a line of the steps left and about how long they will take. `numbered` False: no `Epoch
     4/8` lines, for fit() epochs that are not passes over the data (--eval_steps); the lines of the
@@ -77,43 +75,39 @@ def progress_callback(total_steps, steps_per_epoch, numbered=True):
     kept, evaluations included: after the first epoch, the pace since that epoch ended, so that
     the compilation of the first steps weighs no more than once.
     """
-    import tf_keras
 
-    epochs = math.ceil(total_steps / steps_per_epoch)
+    def __init__(self, total_steps, steps_per_epoch, numbered=True):
+        super().__init__(count_mode="steps")
+        self.total_steps, self.numbered = total_steps, numbered
+        self.run_epochs = math.ceil(total_steps / steps_per_epoch)
+        # (time, optimizer step) the pace is measured from: this process's first fit(), then the
+        # end of its first epoch
+        self.pace_from = None
+        self.epochs_ended = 0
 
-    class RunProgress(tf_keras.callbacks.ProgbarLogger):
-        def __init__(self):
-            super().__init__(count_mode="steps")
-            # (time, optimizer step) the pace is measured from: this process's first fit(), then
-            # the end of its first epoch
-            self.pace_from = None
-            self.epochs_ended = 0
+    def set_params(self, params):
+        super().set_params(params)
+        # the run's epochs, not this fit() call's; Keras numbers none when there is one
+        self.epochs = self.run_epochs if self.numbered else 1
 
-        def set_params(self, params):
-            super().set_params(params)
-            # the run's epochs, not this fit() call's; Keras numbers none when there is one
-            self.epochs = epochs if numbered else 1
+    def step(self):
+        return int(self.model.optimizer.iterations.numpy())
 
-        def step(self):
-            return int(self.model.optimizer.iterations.numpy())
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self.pace_from is None:
+            self.pace_from = (time.perf_counter(), self.step())
 
-        def on_train_begin(self, logs=None):
-            super().on_train_begin(logs)
-            if self.pace_from is None:
-                self.pace_from = (time.perf_counter(), self.step())
-
-        def on_epoch_end(self, epoch, logs=None):
-            super().on_epoch_end(epoch, logs)
-            now, step = time.perf_counter(), self.step()
-            start_time, start_step = self.pace_from
-            seconds_per_step = (now - start_time) / max(step - start_step, 1)
-            if self.verbose:
-                print(steps_left_line(step, total_steps, seconds_per_step), flush=True)
-            self.epochs_ended += 1
-            if self.epochs_ended == 1:
-                self.pace_from = (now, step)
-
-    return RunProgress()
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        now, step = time.perf_counter(), self.step()
+        start_time, start_step = self.pace_from
+        seconds_per_step = (now - start_time) / max(step - start_step, 1)
+        if self.verbose:
+            print(steps_left_line(step, self.total_steps, seconds_per_step), flush=True)
+        self.epochs_ended += 1
+        if self.epochs_ended == 1:
+            self.pace_from = (now, step)
 
 
 def steps_left_line(step, total_steps, seconds_per_step):
@@ -139,8 +133,6 @@ def training_log_path(output_dir):
 
 def read_training_log(path):
     """The columns and rows (dicts of strings) of a training_log.csv; ([], []) before any row."""
-    import tensorflow as tf
-
     if not tf.io.gfile.exists(path):
         return [], []
     with tf.io.gfile.GFile(path) as file:
@@ -179,8 +171,6 @@ def write_baseline(output_dir, logs):
     """The evaluation before the first step (`logs`: val_loss, ... as fit() names them): the row of
     step 0 in training_log.csv (a rerun before the first checkpoint writes it again, in its place)
     and the eval scalars at step 0 in TensorBoard, where the curves then start."""
-    import tensorflow as tf
-
     write_epoch_row(training_log_path(output_dir), 0, {**logs, "step": 0, "elapsed_minutes": 0.0})
     writer = tf.summary.create_file_writer(f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}")
     with writer.as_default(step=0):
@@ -205,101 +195,93 @@ def last_logged_epoch(path):
     }
 
 
-def tensorboard_callback(output_dir, logging_steps, tokens_per_step, writes=True):
+# The training figures TensorBoardScalars writes over each interval: the trainer's metrics.
+INTERVAL_SCALARS = ("loss", "masked_accuracy", "mask_token_accuracy")
+
+
+class TensorBoardScalars(tf_keras.callbacks.Callback):
     """TensorBoard scalars in <output_dir>/logs (local or gs://).
 
     Every `logging_steps` steps: the training loss and accuracies over those steps alone, the
-    learning rate and tokens per second; after every epoch, the evaluation metrics and perplexity.
-    fit()'s metrics are running sums over the epoch, so two readings of their totals give the
-    interval's exact figures. Like the checkpoint callback, it counts steps on the host and touches
-    the device only when it writes.
+    learning rate and tokens per second (`tokens_per_step` tokens a step); after every epoch, the
+    evaluation metrics and perplexity. fit()'s metrics are running sums over the epoch, so two
+    readings of their totals give the interval's exact figures. Like the checkpoint callback, it
+    counts steps on the host and touches the device only when it writes.
 
     Reading a metric sums its copies across replicas, which across hosts is a collective operation
     every worker must join, so every worker runs this callback and only the chief (`writes`) keeps
     what it reads.
     """
-    import tensorflow as tf
-    import tf_keras
 
-    names = ("loss", "masked_accuracy", "mask_token_accuracy")
+    def __init__(self, output_dir, logging_steps, tokens_per_step, writes=True):
+        super().__init__()
+        self.logging_steps, self.tokens_per_step = logging_steps, tokens_per_step
+        # the per-batch logs are never read, so they need no conversion
+        self._supports_tf_logs = True
+        log_dir = f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}"
+        self.writer = (
+            tf.summary.create_file_writer(log_dir) if writes else tf.summary.create_noop_writer()
+        )
 
-    class TensorBoardScalars(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            # the per-batch logs are never read, so they need no conversion
-            self._supports_tf_logs = True
-            log_dir = f"{output_dir.rstrip('/')}/{TENSORBOARD_DIR}"
-            self.writer = (
-                tf.summary.create_file_writer(log_dir)
-                if writes
-                else tf.summary.create_noop_writer()
+    def totals(self):
+        trainer = self.model
+        pairs = {
+            "loss": (trainer.loss_tracker.total, trainer.loss_tracker.count),
+            "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
+            "mask_token_accuracy": (
+                trainer.mask_token_accuracy.correct,
+                trainer.mask_token_accuracy.total,
+            ),
+        }
+        # read_value() sums a metric's per-replica copies when there are several replicas.
+        return {
+            name: (float(a.read_value()), float(b.read_value())) for name, (a, b) in pairs.items()
+        }
+
+    def learning_rate(self):
+        # a schedule (warmup, then decay) or a fixed value
+        rate = self.model.optimizer.learning_rate
+        if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
+            rate = rate(self.model.optimizer.iterations)
+        return float(rate)
+
+    def write_interval(self, step):
+        now, totals = time.perf_counter(), self.totals()
+        with self.writer.as_default(step=step):
+            for name, (numerator, denominator) in totals.items():
+                previous_numerator, previous_denominator = self.previous_totals[name]
+                if denominator > previous_denominator:
+                    value = (numerator - previous_numerator) / (denominator - previous_denominator)
+                    tf.summary.scalar(f"train/{name}", value)
+            tf.summary.scalar("train/learning_rate", self.learning_rate())
+            tf.summary.scalar(
+                "train/tokens_per_second",
+                (step - self.logged_step) * self.tokens_per_step / (now - self.logged_time),
             )
+        self.logged_step, self.logged_time, self.previous_totals = step, now, totals
 
-        def totals(self):
-            trainer = self.model
-            pairs = {
-                "loss": (trainer.loss_tracker.total, trainer.loss_tracker.count),
-                "masked_accuracy": (trainer.masked_accuracy.correct, trainer.masked_accuracy.total),
-                "mask_token_accuracy": (
-                    trainer.mask_token_accuracy.correct,
-                    trainer.mask_token_accuracy.total,
-                ),
-            }
-            # read_value() sums a metric's per-replica copies when there are several replicas.
-            return {
-                name: (float(a.read_value()), float(b.read_value()))
-                for name, (a, b) in pairs.items()
-            }
+    def on_epoch_begin(self, epoch, logs=None):
+        # fit() has just reset the metrics: the sums start again from zero.
+        self.epoch_start = self.logged_step = int(self.model.optimizer.iterations.numpy())
+        self.logged_time = time.perf_counter()
+        self.previous_totals = {name: (0.0, 0.0) for name in INTERVAL_SCALARS}
 
-        def learning_rate(self):
-            # a schedule (warmup, then decay) or a fixed value
-            rate = self.model.optimizer.learning_rate
-            if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
-                rate = rate(self.model.optimizer.iterations)
-            return float(rate)
+    def on_train_batch_end(self, batch, logs=None):
+        done, every = self.epoch_start + batch + 1, self.logging_steps
+        # its sums are reset before the next epoch
+        last_of_epoch = batch + 1 == self.params["steps"]
+        if last_of_epoch or done // every > self.logged_step // every:
+            self.write_interval(done)
 
-        def write_interval(self, step):
-            now, totals = time.perf_counter(), self.totals()
-            with self.writer.as_default(step=step):
-                for name, (numerator, denominator) in totals.items():
-                    previous_numerator, previous_denominator = self.previous_totals[name]
-                    if denominator > previous_denominator:
-                        value = (numerator - previous_numerator) / (
-                            denominator - previous_denominator
-                        )
-                        tf.summary.scalar(f"train/{name}", value)
-                tf.summary.scalar("train/learning_rate", self.learning_rate())
-                tf.summary.scalar(
-                    "train/tokens_per_second",
-                    (step - self.logged_step) * tokens_per_step / (now - self.logged_time),
-                )
-            self.logged_step, self.logged_time, self.previous_totals = step, now, totals
-
-        def on_epoch_begin(self, epoch, logs=None):
-            # fit() has just reset the metrics: the sums start again from zero.
-            self.epoch_start = self.logged_step = int(self.model.optimizer.iterations.numpy())
-            self.logged_time = time.perf_counter()
-            self.previous_totals = {name: (0.0, 0.0) for name in names}
-
-        def on_train_batch_end(self, batch, logs=None):
-            done = self.epoch_start + batch + 1
-            # its sums are reset before the next epoch
-            last_of_epoch = batch + 1 == self.params["steps"]
-            if last_of_epoch or done // logging_steps > self.logged_step // logging_steps:
-                self.write_interval(done)
-
-        def on_epoch_end(self, epoch, logs=None):
-            with self.writer.as_default(step=self.logged_step):
-                write_eval_scalars(logs or {})
-            self.writer.flush()
-
-    return TensorBoardScalars()
+    def on_epoch_end(self, epoch, logs=None):
+        with self.writer.as_default(step=self.logged_step):
+            write_eval_scalars(logs or {})
+        self.writer.flush()
 
 
 def read_scalars(log_dir):
     """{tag: {step: value}} from the TensorBoard files in `log_dir`; a step written twice (a resumed
     run repeats the steps after its last checkpoint) keeps the newer value."""
-    import tensorflow as tf
 
     # events.out.tfevents.<unix time>.<host>...: the older file's values are replaced
     def written_at(path):
@@ -317,12 +299,11 @@ def read_scalars(log_dir):
 
 def plot_curves(log_dir, path):
     """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or gs://)."""
-
+    # matplotlib starts only for the curves, at the end of a run
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
-    import tensorflow as tf
 
     scalars = read_scalars(log_dir)
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4))

@@ -157,17 +157,19 @@ class TrainingRun:
         the background.
         """
         # the epoch summary first: it completes the epoch's logs the others read
-        callbacks = [training_logs.epoch_summary_callback()] if self.chief else []
+        callbacks = [training_logs.EpochSummary()] if self.chief else []
         if self.pusher is not None:
-            callbacks.append(self.pusher.epoch_end_callback(self.total_steps))
+            from .hub_pusher import PushAtEpochEnd  # imported with the pusher
+
+            callbacks.append(PushAtEpochEnd(self.pusher, self.total_steps))
         callbacks.append(
-            training_logs.tensorboard_callback(
+            training_logs.TensorBoardScalars(
                 self.output_dir, self.steps.logging_steps, self.tokens_per_step, self.chief
             )
         )
         training_log = training_logs.training_log_path(self.output_dir) if self.chief else None
         callbacks.append(
-            checkpoints.checkpoint_callback(
+            checkpoints.SaveCheckpoints(
                 self.manager, self.steps.save_steps, training_log, self.plan.steps_per_epoch
             )
         )

@@ -6,6 +6,8 @@ of it for larger models and longer training); evaluation keeps token masking, so
 
 import functools
 
+import tensorflow as tf
+
 from .errors import UsageError
 
 # "▁" begins a word in SentencePiece-style vocabularies (this project's, XLM-R's, Gemma's and so
@@ -53,8 +55,6 @@ def ranking(input_ids, maskable, noise, count, predictions, word_starts):
     pieces rank side by side (top_k keeps ties in order), and words are taken for as long as their
     pieces fit in the sequence's `count`: no word is ever partly chosen.
     """
-    import tensorflow as tf
-
     length = input_ids.shape[-1]
     follows_special = tf.pad(~maskable[:, :-1], [[0, 0], [1, 0]], constant_values=True)
     starts = tf.gather(word_starts, input_ids) | ~maskable | follows_special

@@ -5,9 +5,12 @@ Everything runs offline: nothing is fetched from the Hub, and the Hugging Face c
 pytest's temporary folder so that the tests never write into the user's cache.
 """
 
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,19 +85,24 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # a stable sort: within a file, and among the rest, the order stays
 
 
-@pytest.fixture(scope="session", autouse=True)
-def isolated_hf_cache(tmp_path_factory):
-    """Point every Hugging Face cache into pytest's temporary folder (read once, when the libraries
-    load)."""
+def isolate_hf_cache():
+    """Point every Hugging Face cache into a temporary folder of this process, removed at its exit.
+    The libraries read these variables once, when they load, and test modules load them as they are
+    collected (the engine's modules import transformers at their top), so this runs as conftest.py
+    itself loads, before any test module."""
     loaded = [
         name for name in ("huggingface_hub", "datasets", "transformers") if name in sys.modules
     ]
     assert not loaded, f"{loaded} were imported before the cache could be redirected"
-    home = tmp_path_factory.mktemp("hf_home")
+    home = Path(tempfile.mkdtemp(prefix="pytest-hf-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     os.environ["HF_HOME"] = str(home)
     os.environ["HF_DATASETS_CACHE"] = str(home / "datasets")
     os.environ["HF_HUB_CACHE"] = str(home / "hub")
     return home
+
+
+HF_HOME = isolate_hf_cache()
 
 
 @pytest.fixture(scope="session")
@@ -230,7 +238,7 @@ def run_script():
 @pytest.fixture
 def datasets_cache(tmp_path, monkeypatch):
     """An empty datasets cache of the test's own. datasets read HF_DATASETS_CACHE on import (as
-    conftest's isolated_hf_cache set it, session-wide), so it is changed where datasets keeps it."""
+    conftest.py's isolate_hf_cache set it), so it is changed where datasets keeps it."""
     import datasets
 
     cache = tmp_path / "datasets_cache"
