@@ -23,13 +23,21 @@ PACKAGE = REPO / "mlm_pipeline"
 
 @functools.lru_cache(maxsize=None)
 def package_imports(path, core=False):
-    """The mlm_pipeline modules a file imports: anywhere in it, or with `core` at its top level only
-    (a module imported inside a function loads only on the path that needs it: an optional
-    feature's, which its flag asks for)."""
+    """The mlm_pipeline modules a file imports: anywhere in it, or with `core` those it loads
+    whatever its flags: its top-level imports and, in a script, main()'s crossing into the engine
+    (imported in main's own body, after the TPU's start-up). A module imported inside another
+    function loads only on the path that needs it: an optional feature's, which its flag asks for.
+    A module a file runs by name in a child process (f"{__package__}.name") counts as imported."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     in_package = path.parent == PACKAGE
+    nodes = list(ast.walk(tree))
+    if core:
+        nodes = list(tree.body)
+        mains = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+        for main in (node for node in mains if node.name == "main" and not in_package):
+            nodes += crossing_statements(main.body)
     modules = set()
-    for node in tree.body if core else ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom):
             relative_package = in_package and node.level == 1 and not node.module
             if node.module == "mlm_pipeline" or relative_package:
@@ -42,7 +50,31 @@ def package_imports(path, core=False):
             for alias in node.names:
                 if alias.name.startswith("mlm_pipeline."):
                     modules.add(alias.name.split(".")[1])
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.JoinedStr):
+            modules |= run_by_name(node.value)
     return frozenset(modules)
+
+
+def crossing_statements(body):
+    """main()'s statements, and those of the `with` blocks in it (the start-up log held back
+    around the engine's import), but not those under a condition."""
+    statements = []
+    for statement in body:
+        statements.append(statement)
+        if isinstance(statement, ast.With):
+            statements += crossing_statements(statement.body)
+    return statements
+
+
+def run_by_name(joined):
+    """{name} of an f-string f"{__package__}.name": a package module a child process runs."""
+    parts = joined.values
+    if len(parts) == 2 and isinstance(parts[0], ast.FormattedValue):
+        package, name = parts[0].value, parts[1]
+        if isinstance(package, ast.Name) and package.id == "__package__":
+            if isinstance(name, ast.Constant) and str(name.value).startswith("."):
+                return {name.value[1:]}
+    return set()
 
 
 def closure(script, core=False):
