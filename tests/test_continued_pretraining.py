@@ -84,7 +84,7 @@ def evaluation_batches(argv):
     import tensorflow as tf
     from transformers import AutoTokenizer
 
-    from mlm_pipeline import hosts, shard_checks
+    from mlm_pipeline import hosts, masked_lm_data, shard_checks
 
     args = run_mlm.parse_args(argv)
     data, parent = args.data, args.model.model_name_or_path
@@ -94,10 +94,10 @@ def evaluation_batches(argv):
     batch_size = args.speed.per_replica_batch_size
     plans = hosts.input_plans(tf.distribute.get_strategy(), manifests, batch_size)
     host = plans[1].pipeline_input(tf.distribute.InputContext())
-    dataset = run_mlm.build_dataset(
+    dataset = masked_lm_data.build_dataset(
         host.files,
         host.batch_size,
-        False,
+        training=False,
         tokenizer=tokenizer,
         max_length=manifests[0]["max_length"],
         masking=args.masking,
@@ -341,6 +341,8 @@ def test_masking_fits_mmberts_tokenizer(mmbert):
 def check_masking(name, tokenizer_folder, shards):
     from transformers import AutoTokenizer
 
+    from mlm_pipeline import masked_lm_data
+
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder))
     starts = whole_words.word_start_table(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -348,10 +350,10 @@ def check_masking(name, tokenizer_folder, shards):
     assert marked and all(starts[index] == (name != "bert") for index in marked)
 
     files = sorted(str(path) for path in (shards / "train").glob("*.tfrecord"))
-    dataset = run_mlm.build_dataset(
+    dataset = masked_lm_data.build_dataset(
         files,
         16,
-        True,
+        training=True,
         tokenizer=tokenizer,
         max_length=MAX_LENGTH,
         masking=run_mlm.Masking(
