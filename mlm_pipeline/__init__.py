@@ -70,6 +70,10 @@ against the imports.
     whole_words            3    --whole_word_masking: which tokens start a word, the masking of
                                 whole words
     metrics                3    the accuracy metrics, over the masked positions only
+    masked_lm_data         3    run_mlm.py's data: the shards checked against the tokenizer, an
+                                input pipeline per host, the masking in tf.data
+    masked_lm_model        3    run_mlm.py's model: from scratch or a parent's weights, the
+                                trainer of the masked positions, accumulation, schedule, fit()
     checkpoints            3    run_mlm.py's output folder as a run goes: started afresh or
                                 checked to be this run's, checkpoints saved and restored on resume
     segments               3 4  optimizer steps: the warmup's; run_mlm.py's counted through epochs

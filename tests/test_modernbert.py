@@ -311,9 +311,9 @@ def test_imported_masked_lm_matches_pytorch(name, transformers5, attention_path)
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_run_mlm_heads_score_the_same_logits(name, exported):
-    """run_mlm.py's masked_lm_trainer, whose sparse head goes through the encoder and
-    get_lm_head() and whose full head through the masked LM, on an unpadded sequence (it passes no
-    attention mask)."""
+    """run_mlm.py's trainer (masked_lm_model.MaskedLMTrainer), whose sparse head goes through the
+    encoder and get_lm_head() and whose full head through the masked LM, on an unpadded sequence
+    (it passes no attention mask)."""
     from mlm_pipeline import masked_lm_model
     from mlm_pipeline.contract import FEATURE_NAME
 
