@@ -21,8 +21,11 @@ the masked positions only. The saved folder loads with `pipeline("fill-mask", mo
         --train_dataset gs://my-bucket/domain/train \
         --eval_dataset gs://my-bucket/domain/validation --output_dir gs://my-bucket/roberta-domain
 
-Rerun the command after an interruption: it resumes. The plumbing is in mlm_pipeline/; the Hub
-pusher, the PyTorch copy and the parent's loader are imported only when their flags ask.
+Rerun the command after an interruption: it resumes. This file holds the settings and their checks,
+which never load TensorFlow; main() then imports the engine in one place: the data and masking
+(mlm_pipeline/masked_lm_data.py), the model and its trainer (masked_lm_model.py), the run around
+fit() (training_run.py). The plumbing is in mlm_pipeline/; the Hub pusher, the PyTorch copy and the
+parent's loader are imported only when their flags ask.
 """
 
 import dataclasses
