@@ -258,6 +258,11 @@ def test_continued_run_starts_from_the_parent_and_resumes_its_own_checkpoint(
     card = (output_dir / "README.md").read_text()
     assert "continued-pretraining" in card and f"pretrained further from `{parent.name}`" in card
     assert "base_model" not in card  # a folder, not a Hub id: no link the Hub could follow
+    # what a rerun must match to resume: the parent as --model_name_or_path named it
+    recorded = json.loads(
+        (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
+    )
+    assert recorded["model_name_or_path"] == str(parent)
     saved, published = json.loads((output_dir / "config.json").read_text()), config_of(parent)
     assert saved["vocab_size"] == published["vocab_size"]
     assert saved["hidden_size"] == published["hidden_size"]
