@@ -30,6 +30,7 @@ mlm_pipeline/.
 """
 
 import dataclasses
+import functools
 import time
 from typing import Optional
 
@@ -413,8 +414,14 @@ def main(settings, callbacks=()):
     if training.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
         eval_batches = -(-len(validation) // global_batch_size)  # padded to whole batches
         batches = (train_dataset, total_steps, eval_dataset, eval_batches)
+        save = functools.partial(  # the final save, timed into a temporary folder
+            model_folder.save_model,
+            tokenizer=pretrained.tokenizer,
+            max_length=max_length,
+            pytorch_export=pytorch_export,
+        )
         return preflight.preflight_classifier(
-            classifier, training, batches, max_length, bucket_lengths
+            classifier, training, batches, max_length, bucket_lengths, save
         )
 
     # Fit, scored on the validation split after every epoch; then the final scores.

@@ -409,9 +409,9 @@ def main(settings, callbacks=()):
     save = functools.partial(model_folder.save_model, **saving)
     schedule = training_run.Schedule(train_plan, total_steps, short_steps, evaluation)
     if steps.preflight:  # a few of fit()'s steps timed, the run projected, nothing written
-        scored = (evaluation.dataset, evaluation.batches) if evaluation else (None, None)
-        return preflight.preflight_masked_lm(
-            trainer, settings, schedule, max_length, train_dataset_from, *scored
+        predictions = masked_lm_data.max_predictions(max_length, masking.train_probability)
+        return preflight.preflight_masked_lm(  # the final save and the LM head's FLOPs counted too
+            trainer, settings, schedule, max_length, train_dataset_from, origin, save, predictions
         )
     run = training_run.TrainingRun(  # output folder and resume, logs, card, Hub pushes
         settings=settings,

@@ -93,8 +93,15 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
 
     def preflight_projection(output):
         assert "Preflight (nothing written)" in output
-        assert_row(output, "the whole run", figures=5)  # steps, three times in minutes, ratio
-        assert_row(output, "full length", figures=4)  # steps, the medians of both, the mean
+        # steps, the preflight's process, the projection and the real process in minutes, ratio
+        assert_row(output, "the whole run", figures=5)
+        assert_row(output, "full length", figures=4)  # steps, the means of both, the real median
+        assert re.search(
+            r"The projection's parts \(minutes\): start [\d.]+, training [\d.]+", output
+        )
+        assert re.search(
+            r"The real process's parts \(minutes\): start \(to the first fit\(\)\) [\d.]+", output
+        )
 
     def modernbert_long(output):
         # length, batch, both sides' seconds, peaks and memory above imports, TF's tensors, the
