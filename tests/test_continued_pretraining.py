@@ -578,3 +578,16 @@ def test_family_tokenizers_differ_in_fingerprint(corpus):
         contract.vocabulary_fingerprint(family_tokenizer(f, texts)) for f in TOKENIZER_FAMILIES
     }
     assert len(prints) == len(TOKENIZER_FAMILIES)
+
+
+def test_a_continued_preflight_counts_the_evaluation_before_the_first_step(roberta, tmp_path):
+    """--preflight of continued pretraining projects the parent's evaluation before step 1 beside
+    the run's own (4 steps evaluated every 2: 2), and writes nothing."""
+    folder, shards = roberta
+    output_dir = tmp_path / "continued"
+    argv = continue_flags(folder / "parent", shards, output_dir, "--preflight")
+    report = run_mlm.main(run_mlm.parse_args(argv))
+    assert report.evaluation.count == 3
+    argv = continue_flags(folder / "parent", shards, output_dir, "--preflight", eval_steps=4)
+    assert run_mlm.main(run_mlm.parse_args(argv)).evaluation.count == 2
+    assert not output_dir.exists()
