@@ -41,6 +41,8 @@ def curve_callback(args, eval_every, points):
     (run_mlm.py may make several)."""
     import tf_keras
 
+    from mlm_pipeline import masked_lm_data, masked_lm_model  # the engine: TensorFlow is loaded
+
     class Curve(tf_keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             if hasattr(self, "scorer"):
@@ -49,7 +51,7 @@ def curve_callback(args, eval_every, points):
             # A scorer of its own, sharing the weights: the trainer's
             # metrics keep their running sums.
             masked_lm = self.model.masked_lm
-            self.scorer = run_mlm.masked_lm_trainer(
+            self.scorer = masked_lm_model.MaskedLMTrainer(
                 masked_lm, "sparse", masked_lm.config.mask_token_id
             )
             self.scorer.compile()
@@ -75,7 +77,7 @@ def curve_callback(args, eval_every, points):
             self.tokens_per_step = train_plan.global_batch_size * max_length
             # The run's evaluation: each replica's batch in turn from one pass of the files.
             self.eval_steps = eval_plan.steps_per_epoch * eval_plan.replicas
-            self.eval_dataset = run_mlm.build_dataset(
+            self.eval_dataset = masked_lm_data.build_dataset(
                 manifests[1]["files"],
                 batch_size,
                 training=False,

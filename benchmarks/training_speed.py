@@ -23,10 +23,10 @@ median of the steps after the warm-up (which trace and compile). Rounds run ever
 fresh run each, and each figure is the median over rounds, so a slow spell of a shared machine hits
 all variants alike. MFU = the FLOPs a variant's matmuls need per second (forward x 3 for training:
 the backward pass costs twice the forward; the shape from the config.json the run saved) over the
-float32 matmul ceiling measured at the start. The input pipeline is run_mlm.build_dataset's training
-stream on the same shards, read alone (file order, interleaved reads, block shuffle, batch, parse,
-mask, prefetch), set against the sequences per second of the fastest variant: far above 1, training
-never waits for data.
+float32 matmul ceiling measured at the start. The input pipeline is
+mlm_pipeline/masked_lm_data.py's build_dataset training stream on the same shards, read alone (file
+order, interleaved reads, block shuffle, batch, parse, mask, prefetch), set against the sequences
+per second of the fastest variant: far above 1, training never waits for data.
 """
 
 import contextlib
@@ -155,10 +155,13 @@ def training_flops(config, length, predicted_positions):
 
 
 def pipeline_stream(args, flags):
-    """run_mlm.build_dataset's endless training stream on the shards, with run_mlm.py's defaults."""
+    """masked_lm_data.build_dataset's endless training stream on the shards, with run_mlm.py's
+    defaults."""
+    from mlm_pipeline import masked_lm_data  # TensorFlow: loaded by main() with its log held back
+
     tokenizer = contract.load_tokenizer(args.tokenizer, "--tokenizer", require_mlm_tokens=True)
     manifest = shard_checks.read_manifest(args.train_dataset, "--train_dataset")
-    dataset = run_mlm.build_dataset(
+    dataset = masked_lm_data.build_dataset(
         manifest["files"],
         args.batch_size,
         training=True,
@@ -185,6 +188,8 @@ def main(args):
         tf.config.list_physical_devices()  # the device probing that logs (cuInit without a GPU)
     import tf_keras
 
+    from mlm_pipeline import masked_lm_data
+
     ceiling = matmul_ceiling(args.ceiling_sizes)
     print(f"Matmul ceiling (TensorFlow, square float32 matmuls): {ceiling / 1e9:.0f} GFLOP/s")
     seconds, configs, supplied = {variant: [] for variant in args.variants}, {}, []
@@ -206,7 +211,7 @@ def main(args):
         f"median of {args.rounds} rounds of {args.steps} steps\n"
     )
     median = {variant: statistics.median(times) for variant, times in seconds.items()}
-    predictions = run_mlm.max_predictions(length, flags.masking.train_probability)
+    predictions = masked_lm_data.max_predictions(length, flags.masking.train_probability)
     rows = []
     for variant, step in median.items():
         head_positions = length if variant == "full" else predictions

@@ -14,7 +14,7 @@ against the imports.
     __init__           1 2 3 4  this index
     errors             1 2 3 4  one-line errors: UsageError, the argparse parser and types, how a
                                 script exits
-    settings               3 4  a training script's settings declared once, as fields of group
+    settings           1 2 3 4  a script's settings declared once, as fields of group
                                 dataclasses; its command line built from them
     tf_startup         1 2 3 4  TensorFlow's start-up log, held back in a file whose path is
                                 printed if start-up fails, crashes or is slow; steps 1-2 kept off
@@ -23,6 +23,8 @@ against the imports.
                                 short-lived probe); files written whole, folders published
     gcs_probe          1 2 3 4  the gs:// paths looked up, and an output's written to, in the
                                 short-lived child process storage.py starts
+    file_writes        1 2 3 4  the writes through TensorFlow's file system (local or gs://):
+                                files written whole, folders staged and published
     contract           1 2 3 4  the files the steps hand on: names, manifest keys, the record
                                 feature, loading the tokenizer
     corpus             1 2      local or gs:// corpus files, one or a glob: plain text, JSON lines,
@@ -32,6 +34,10 @@ against the imports.
                                 line
     cards              1   3 4  what every README.md card shares: the metadata block, folders
                                 named without local paths; train_unigram.py's tokenizer card
+    unigram_training   1        train_unigram.py's engine: the corpus read, the Unigram model
+                                trained, saved as a transformers tokenizer folder
+    shard_writing        2      prepare_tfrecord_shards.py's engine: the corpus read, tokenized,
+                                packed and written as TFRecord shards
     packing              2      the bytes of the shards: tokenize, pack, tf.train.Example records,
                                 TFRecords
     split_folder         2      a split's folder while it is written (checks, clean-up, its
@@ -41,6 +47,8 @@ against the imports.
                                 and a corpus file read in blocks
     beam_launcher        2      prepare_tfrecord_shards.py --runner: Beam's checks before any work,
                                 the runner, the run and its errors
+    hardware               3 4  the Hardware settings group and the one decision whether a run
+                                asks for the TPU, read before TensorFlow loads
     hosts                  3 4  the strategy (the TPU started by tpu_runtime); on several hosts,
                                 who writes and which shard files each host's input pipeline reads
     tpu_runtime            3 4  the TPU VM's TPU started by PJRT, its variables set before
@@ -70,6 +78,10 @@ against the imports.
     whole_words            3    --whole_word_masking: which tokens start a word, the masking of
                                 whole words
     metrics                3    the accuracy metrics, over the masked positions only
+    masked_lm_data         3    run_mlm.py's data: the shards checked against the tokenizer, an
+                                input pipeline per host, the masking in tf.data
+    masked_lm_model        3    run_mlm.py's model: from scratch or a parent's weights, the
+                                trainer of the masked positions, accumulation, schedule, fit()
     checkpoints            3    run_mlm.py's output folder as a run goes: started afresh or
                                 checked to be this run's, checkpoints saved and restored on resume
     segments               3 4  optimizer steps: the warmup's; run_mlm.py's counted through epochs
@@ -86,5 +98,7 @@ against the imports.
                                 whole run's projected time; nothing written
     labelled_data            4  run_classifier.py's texts and labels (a Hub dataset or .tsv, .csv,
                                 .jsonl files), checked
+    classifier_model         4  run_classifier.py's engine: the examples encoded and batched,
+                                the classifier built, fit and scored
     classifier_folder        4  run_classifier.py's model card, eval_results.json and Hub push
 """

@@ -42,13 +42,14 @@ def checkpoint_dir(output_dir):
     return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
 
 
-def resume_settings(settings, config, train_manifest, global_batch_size, total_steps):
+def resume_settings(settings, origin, config, train_manifest, global_batch_size, total_steps):
     """What a checkpoint's step number means: resuming under other settings would continue another
     run. The record run_settings.json holds, by name.
 
-    From run_mlm.py's `settings`: the parent continued (--model_name_or_path), and the groups that
-    shape the stream of batches and the optimizer (Masking: seed, masking, shuffling; Optimizer:
-    the schedule).
+    From `origin` (masked_lm_model.Scratch or pretrained_model.Parent), the parent continued: its
+    name as --model_name_or_path gave it, None from scratch. From run_mlm.py's `settings`, the
+    groups that shape the stream of batches and the optimizer (Masking: seed, masking, shuffling;
+    Optimizer: the schedule).
     """
     architecture = {
         key: value for key, value in config.to_dict().items() if key != "transformers_version"
@@ -58,7 +59,7 @@ def resume_settings(settings, config, train_manifest, global_batch_size, total_s
         "max_length": train_manifest["max_length"],
         "global_batch_size": global_batch_size,
         "total_steps": total_steps,
-        "model_name_or_path": settings.model.model_name_or_path,
+        "model_name_or_path": origin.name,
         **dataclasses.asdict(settings.masking),
         **dataclasses.asdict(settings.optimizer),
         "config": architecture,

@@ -196,7 +196,7 @@ class InputPlan:
     `tf.distribute.InputContext` it hands over, starting at optimizer step `start_step`.
     `accumulation_steps` N (training with --gradient_accumulation_steps): each replica takes N
     batches of `per_replica_batch_size` a step, read as one batch N times larger that the train
-    step splits (run_mlm.py's `accumulated_gradients`); the evaluation's plan keeps N = 1.
+    step splits (masked_lm_model.accumulated_gradients); the evaluation's plan keeps N = 1.
     """
 
     def __init__(self, strategy, manifest, flag, per_replica_batch_size, accumulation_steps=1):

@@ -58,7 +58,7 @@ fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
 ```"""
 
 
-def model_card(settings, config, tokenizer, manifests, schedule, trainer, metrics, *, base_model):
+def model_card(settings, config, tokenizer, manifests, schedule, trainer, metrics, *, origin):
     """run_mlm.py's model card (README.md): what the model is, its data, its settings and its
     results so far.
 
@@ -68,21 +68,23 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
     None); `schedule` the run's training_run.Schedule; `trainer` the fitted model (its optimizer
     counts the steps taken, in this process or before a resume) and `metrics` the figures of the
     latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
-    `base_model`: the Hub id of the model continued, the Hub's link to it (None for a model
-    pretrained from scratch or continued from a folder).
+    `origin`: where the weights started (masked_lm_model.Scratch or pretrained_model.Parent): its
+    card tag, its words for the introduction, and its Hub id, the Hub's link to the model continued
+    (None for a model pretrained from scratch or continued from a folder).
     """
     data, output = settings.data, settings.output
     train_manifest, eval_manifest = manifests
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
-    parent = settings.model.model_name_or_path
     global_batch_size = schedule.plan.global_batch_size
     mask = tokenizer.tokenizer.mask_token
     return CARD.format(
-        front_matter=front_matter(config, parent, base_model),
+        front_matter=front_matter(config, origin),
         title=model_name(output.hub_model_id, output.output_dir),
         introduction=introduction(
-            config, trainer.masked_lm.count_params(), origin(parent, train_manifest, data)
+            config,
+            trainer.masked_lm.count_params(),
+            origin.card_origin(training_text(train_manifest, data)),
         ),
         status=status(steps, total_steps=schedule.total_steps),
         usage=usage(output.hub_model_id or public_name(output.output_dir), mask),
@@ -95,30 +97,21 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
     )
 
 
-def front_matter(config, parent, base_model):
-    """The metadata block: a fill-mask model, continued or pretrained from scratch, linked on the
-    Hub to the model it continues (`base_model`)."""
-    tags = [
-        "fill-mask",
-        "tensorflow",
-        "masked-language-modeling",
-        config.model_type,
-        "continued-pretraining" if parent else "pretrained-from-scratch",
-    ]
+def front_matter(config, origin):
+    """The metadata block: a fill-mask model, continued or pretrained from scratch (`origin`'s
+    tag), linked on the Hub to the model it continues (its Hub id)."""
+    tags = ["fill-mask", "tensorflow", "masked-language-modeling", config.model_type]
     return metadata_block(
-        library_name="transformers", pipeline_tag="fill-mask", tags=tags, base_model=base_model
+        library_name="transformers",
+        pipeline_tag="fill-mask",
+        tags=[*tags, origin.card_tag],
+        base_model=origin.hub_id,
     )
 
 
-def origin(parent, train_manifest, data):
-    """Where the weights started: random, or the model continued and the text it continued on."""
-    if not parent:
-        return "pretrained from scratch (random initial weights, no checkpoint of another model)"
-    text = public_name(train_manifest.get("source")) or public_name(data.train_dataset)
-    return (
-        f"pretrained further from `{public_name(parent)}` (its weights, LM head included, were the "
-        f"start) on the text of {text}"
-    )
+def training_text(train_manifest, data):
+    """The text the model was trained on: the shards' source, else their folder."""
+    return public_name(train_manifest.get("source")) or public_name(data.train_dataset)
 
 
 def introduction(config, parameters, origin):

@@ -756,16 +756,16 @@ def preflight_masked_lm(
     schedule,
     max_length,
     train_dataset_from,
-    eval_dataset,
-    eval_batches,
+    origin,
     save=None,
     predictions=None,
 ):
-    """run_mlm.py's preflight, from its Settings and training_run.Schedule, the shards' length,
-    `train_dataset_from(step)` (the batches from an optimizer step on) and the evaluation's dataset
-    (None without one) and the batches it scores. `save(folder, masked_lm)`: the run's final save,
-    timed (None: not); `predictions`: the masked positions a training sequence holds, which a
-    sparse LM head scores (None: the model's FLOPs are not counted)."""
+    """run_mlm.py's preflight, from its Settings and training_run.Schedule (its evaluation: the
+    masked_lm_data.EvaluationData scored, None without one), the shards' length,
+    `train_dataset_from(step)` (the batches from an optimizer step on) and where the weights start
+    (`origin`: a parent is evaluated once more, before step 1). `save(folder, masked_lm)`: the
+    run's final save, timed (None: not); `predictions`: the masked positions a training sequence
+    holds, which a sparse LM head scores (None: the model's FLOPs are not counted)."""
     masking, speed, steps = settings.masking, settings.speed, settings.steps
     cadence = steps.steps_per_evaluation(schedule.plan.steps_per_epoch)
     total_steps, phase_end = schedule.total_steps, schedule.phase_end
@@ -776,11 +776,11 @@ def preflight_masked_lm(
         masking.short_sequence_length,
         fit_calls(total_steps, cadence, phase_end),
     )
-    run_evaluation = None
-    if eval_dataset is not None:  # one at every fit() epoch end, and a parent's before step 1
+    run_evaluation, evaluation = None, schedule.evaluation
+    if evaluation is not None:  # one at every fit() epoch end, and a parent's before step 1
         count = segments.evaluation_count(total_steps, cadence, phase_end)
-        count += settings.model.model_name_or_path is not None  # continued pretraining
-        run_evaluation = Evaluation(eval_dataset, eval_batches, count)
+        count += origin.evaluates_first  # continued pretraining
+        run_evaluation = Evaluation(evaluation.dataset, evaluation.batches, count)
     advice = lower_the_batch(
         speed.per_replica_batch_size,
         max_length,

@@ -17,6 +17,7 @@ import os
 import tempfile
 
 from . import architecture, contract, modernbert_config, pytorch_weights
+from .cards import public_name
 from .contract import (
     CHECKPOINT_DIR,
     FINISHED_RUN_MARKER,
@@ -145,14 +146,22 @@ class Parent(PretrainedModel):
     else: any other key would reshape its weights or change what they mean, and is refused before
     the parent is even looked up). It must be a masked LM TF can build (a ModernBERT with an even
     local_attention, the window it attends in effect); `check_continuation()` then
-    checks the tokenizer and shards a run pairs with it, and `load_masked_lm()` loads every weight,
-    the LM head's included."""
+    checks the tokenizer and shards a run pairs with it, and `masked_lm()` loads every weight, the
+    LM head's included.
+
+    A Parent is one of run_mlm.py's two origins, with the face of masked_lm_model.Scratch (random
+    weights): `name` (recorded in run_settings.json), `hub_id` (the card's base_model, None for a
+    folder), `evaluates_first` (True: the run scores the parent before its first step),
+    `tokenizer`, `check_continuation()`, `config_for()`, `masked_lm()`, `card_tag` and
+    `card_origin()`; masked_lm_model.py's docstring describes each."""
 
     NO_WEIGHTS_HINT = (
         f"or leave out {FLAG} and pass it as --pretrained_model_config to train its architecture "
         "from random weights"
     )
     NEEDS_MASK_TOKEN = True
+    evaluates_first = True  # where the parent stands on this text, before the first step
+    card_tag = "continued-pretraining"
 
     def __init__(self, name, config_overrides=None, trust_remote_code=False):
         reshaping = [
@@ -196,10 +205,24 @@ class Parent(PretrainedModel):
             "remake the shards with prepare_tfrecord_shards.py --max_length",
         )
 
-    def load_masked_lm(self, model_class):
-        """The parent as a `model_class` (TFAutoModelForMaskedLM), every weight its own: one it
-        lacks (a base model's, or a head published apart) would start random, so it is refused."""
-        return load_weights(model_class, self, self.config, whole=True)
+    def config_for(self, tokenizer, max_length):
+        """The parent's config as it is, but for dropout: check_continuation() has checked the
+        tokenizer and `max_length` against it."""
+        return self.config
+
+    def masked_lm(self, config):
+        """The parent as a TF masked LM of `config` (its own), every weight its own: one it lacks
+        (a base model's, or a head published apart) would start random, so it is refused."""
+        from transformers import TFAutoModelForMaskedLM  # the parent's loader alone needs it here
+
+        return load_weights(TFAutoModelForMaskedLM, self, config, whole=True)
+
+    def card_origin(self, text):
+        """Where the weights started, for the model card: this model, continued on `text`."""
+        return (
+            f"pretrained further from `{public_name(self.name)}` (its weights, LM head included, "
+            f"were the start) on the text of {text}"
+        )
 
 
 def load_weights(model_class, pretrained, config, whole=False):

@@ -11,44 +11,62 @@ import functools
 import time
 from typing import Optional
 
-from . import checkpoints, hosts, model_card, segments, training_logs
+import tensorflow as tf
+
+from . import checkpoints, hosts, masked_lm_model, model_card, segments, shard_checks, training_logs
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """The run's steps: `total_steps` optimizer steps over `plan` (the train split's
     hosts.InputPlan), the first `phase_end` on the sequence-length warmup's pieces; `evaluation`,
-    the line that says what each evaluation scores (None: no evaluation split)."""
+    what each evaluation scores (masked_lm_data.EvaluationData; None: no evaluation split)."""
 
     plan: object
     total_steps: int
     phase_end: int = 0
-    evaluation: Optional[str] = None
+    evaluation: Optional[object] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """What TrainingRun.start() set up and learned: `start_step`, the optimizer step the run starts
+    at (that of the newest checkpoint, or 0); `manager`, the tf.train.CheckpointManager that saves
+    the next ones; `pusher`, the hub_pusher.HubPusher of --hub_model_id on the chief (else None);
+    `clock`, time.perf_counter() when training began."""
+
+    start_step: int
+    manager: object
+    pusher: object
+    clock: float
 
 
 class TrainingRun:
     """Made once the model is built (a parent that cannot be loaded is refused before the output
-    folder is touched). The Hub repository is opened first (an unusable Hub stops the run now),
-    then the chief starts the output folder afresh or checks that its checkpoints belong to this
-    run (checkpoints.resume_settings()), and every worker waits for it.
+    folder is touched), by keyword; making it touches nothing. `start()` opens the Hub repository
+    first (an unusable Hub stops the run now), then the chief starts the output folder afresh or
+    checks that its checkpoints belong to this run (checkpoints.resume_settings()), every worker
+    waits for it, and the newest checkpoint is restored; the other methods take what it returns.
 
     `settings`: run_mlm.py's Settings, read group by group: the steps say when to evaluate,
     checkpoint and log, the output where the model goes and whether to push it to the Hub; a
     resumed run must share the masking and the optimizer, and the card shows them with the rest.
     `schedule`: the run's steps (Schedule); `tokenizer`, a contract.NamedTokenizer; `manifests`,
     the train and evaluation shards' (the second may be None); `save_model(folder, masked_lm)`
-    writes the model files of a Hub snapshot; `parent`, the pretrained_model.Parent continued
-    (None: from scratch).
+    writes the model files of a Hub snapshot; `origin`, where the weights start
+    (masked_lm_model.Scratch or pretrained_model.Parent).
     """
 
     def __init__(
-        self, settings, strategy, schedule, config, tokenizer, manifests, save_model, parent
+        self, *, settings, strategy, schedule, config, tokenizer, manifests, save_model, origin
     ):
-        steps, output = settings.steps, settings.output
-        self.strategy, self.plan, self.steps = strategy, schedule.plan, steps
-        self.output_dir, self.total_steps = output.output_dir, schedule.total_steps
+        self.settings, self.strategy, self.schedule = settings, strategy, schedule
+        self.config, self.manifests, self.save_model = config, manifests, save_model
+        self.origin = origin
+        steps = settings.steps
+        self.plan, self.steps = schedule.plan, steps
+        self.output_dir, self.total_steps = settings.output.output_dir, schedule.total_steps
         self.steps_per_evaluation = steps.steps_per_evaluation(self.plan.steps_per_epoch)
-        self.phase_end, self.evaluation = schedule.phase_end, schedule.evaluation
         self.max_length = manifests[0]["max_length"]
         self.tokens_per_step = self.plan.global_batch_size * self.max_length
         # card(trainer, metrics): the model card after the steps `trainer` has taken so far
@@ -59,42 +77,60 @@ class TrainingRun:
             tokenizer,
             manifests,
             schedule,
-            base_model=parent and parent.hub_id,
+            origin=origin,
         )
         self.chief = hosts.is_chief(strategy)
-        self.pusher = None
-        if output.hub_model_id and self.chief:
-            # In place of transformers' PushToHubCallback, which clones the Hub repository with
-            # git into the output folder (never a gs:// one) and pushes from there: HubPusher
-            # uploads over HTTP from a background thread, whatever folder the model is in.
-            from . import hub_pusher  # only for --hub_model_id
 
-            self.pusher = hub_pusher.HubPusher(
-                output.hub_model_id,
-                output.hub_private,
-                output.output_dir,
-                save_model,
-                self.card,
-                output.hub_push_timeout,
-            )
+    def start(self, masked_lm, optimizer):
+        """The run's side effects before the first step, in order: the Hub repository opened, the
+        output folder prepared on the chief, every worker waiting for it, the newest checkpoint
+        restored into `masked_lm` and `optimizer` (resume) and the run's lines printed. Returns
+        what later methods need (Started)."""
+        pusher = self.open_hub_repository()
         if self.chief:
             recorded = checkpoints.resume_settings(
-                settings, config, manifests[0], self.plan.global_batch_size, self.total_steps
+                self.settings,
+                self.origin,
+                self.config,
+                self.manifests[0],
+                self.plan.global_batch_size,
+                self.total_steps,
             )
+            output = self.settings.output
             checkpoints.prepare_output_dir(
                 output.output_dir, output.overwrite_output_dir, recorded, self.plan
             )
         # nobody reads the checkpoints while the chief may still be clearing them
-        hosts.wait_for_every_worker(strategy)
-        self.parent = parent
-        self.started = time.perf_counter()
+        hosts.wait_for_every_worker(self.strategy)
+        clock = time.perf_counter()
+        manager, start_step = self.resume(masked_lm, optimizer)
+        return Started(start_step, manager, pusher, clock)
+
+    def open_hub_repository(self):
+        """--hub_model_id, on the chief: the HubPusher of its snapshots (None otherwise)."""
+        output = self.settings.output
+        if not (output.hub_model_id and self.chief):
+            return None
+        # In place of transformers' PushToHubCallback, which clones the Hub repository with
+        # git into the output folder (never a gs:// one) and pushes from there: HubPusher
+        # uploads over HTTP from a background thread, whatever folder the model is in.
+        from . import hub_pusher  # only for --hub_model_id
+
+        return hub_pusher.HubPusher(
+            output.hub_model_id,
+            output.hub_private,
+            output.output_dir,
+            self.save_model,
+            self.card,
+            output.hub_push_timeout,
+        )
 
     def resume(self, masked_lm, optimizer):
-        """The optimizer step to start at: that of the newest checkpoint in the output folder, or 0.
+        """(manager, step to start at): that of the newest checkpoint in the output folder, or 0.
 
         A worker that is not the chief saves its checkpoints (it may take part in collective ops)
         into a scratch folder of its own, removed at the end."""
-        self.manager, self.start_step = checkpoints.restore_checkpoint(
+        manager, start_step = checkpoints.restore_checkpoint(
             self.output_dir,
             masked_lm,
             optimizer,
@@ -111,32 +147,39 @@ class TrainingRun:
             f"a global batch of {batch:,} sequences ({per_replica}) x "
             f"{self.max_length} tokens = {self.tokens_per_step:,} tokens a step."
         )
-        if self.start_step:
-            checkpoint, step = self.manager.latest_checkpoint, self.start_step
-            print(f"Resuming from {checkpoint} at step {step} of {self.total_steps}.")
+        if start_step:
+            print(
+                f"Resuming from {manager.latest_checkpoint} at step {start_step} of "
+                f"{self.total_steps}."
+            )
+        evaluation = self.schedule.evaluation
         print(
             segments.schedule_line(
-                self.start_step,
+                start_step,
                 self.total_steps,
                 self.plan.steps_per_epoch,
                 self.steps_per_evaluation,
-                phase_end=self.phase_end,
-                evaluates=self.evaluation is not None,
+                phase_end=self.schedule.phase_end,
+                evaluates=evaluation is not None,
             )
         )
-        if self.evaluation:
-            print(self.evaluation)
+        if evaluation is not None:
+            print(evaluation.line)
         if not self.chief:
-            self.manager = checkpoints.scratch_manager(self.manager)
-        return self.start_step
+            manager = checkpoints.scratch_manager(manager)
+        return manager, start_step
 
-    def evaluate_parent(self, trainer, eval_dataset, eval_batches):
-        """Continued pretraining, started afresh with an evaluation split: the evaluation before
-        the first step, where the parent stands on this text. Printed; on the chief, the row of
-        step 0 in training_log.csv and TensorBoard's eval scalars at step 0. Nothing otherwise."""
-        if not (self.parent and eval_dataset and self.start_step == 0):
+    def evaluate_first(self, trainer, started):
+        """A start that evaluates first (a parent: where it stands on this text), started afresh
+        with an evaluation split: the evaluation before the first step. Printed; on the chief, the
+        row of step 0 in training_log.csv and TensorBoard's eval scalars at step 0. Nothing
+        otherwise."""
+        evaluation = self.schedule.evaluation
+        if not (self.origin.evaluates_first and evaluation and started.start_step == 0):
             return
-        logs = trainer.evaluate(eval_dataset, steps=eval_batches, return_dict=True, verbose=0)
+        logs = trainer.evaluate(
+            evaluation.dataset, steps=evaluation.batches, return_dict=True, verbose=0
+        )
         logs = {f"val_{name}": float(value) for name, value in logs.items()}
         logs["val_perplexity"] = training_logs.perplexity(logs["val_loss"])
         print(
@@ -147,8 +190,27 @@ class TrainingRun:
         if self.chief:
             training_logs.write_baseline(self.output_dir, logs)
 
-    def callbacks(self):
-        """fit()'s callbacks besides the steps.
+    def train(self, trainer, train_dataset_from, started, callbacks=()):
+        """The run's steps from where it `started`, in fit() calls of fixed shapes
+        (masked_lm_model.fit_exact_steps says why), an evaluation at every fit() epoch end, with
+        the run's callbacks and `callbacks`; a corrupt shard is named, with what to do. Returns
+        fit()'s logs, joined across the calls."""
+        evaluation, steps = self.schedule.evaluation, self.steps
+        with shard_checks.corrupt_shards_named(self.manifests, self.output_dir):
+            return masked_lm_model.fit_exact_steps(
+                trainer,
+                train_dataset_from,
+                range(started.start_step, self.total_steps),
+                self.steps_per_evaluation,
+                phase_end=self.schedule.phase_end,
+                numbered=not steps.eval_steps,
+                validation_data=evaluation and evaluation.dataset,
+                validation_steps=evaluation and evaluation.batches,
+                callbacks=self.callbacks(started) + list(callbacks),
+            )
+
+    def callbacks(self, started):
+        """fit()'s callbacks besides the steps, once the run has `started` (Started).
 
         A checkpoint every --save_steps optimizer steps and at every fit() epoch end (an epoch of
         the data, or --eval_steps steps: where the evaluation comes); TensorBoard scalars every
@@ -158,10 +220,10 @@ class TrainingRun:
         """
         # the epoch summary first: it completes the epoch's logs the others read
         callbacks = [training_logs.EpochSummary()] if self.chief else []
-        if self.pusher is not None:
+        if started.pusher is not None:
             from .hub_pusher import PushAtEpochEnd  # imported with the pusher
 
-            callbacks.append(PushAtEpochEnd(self.pusher, self.total_steps))
+            callbacks.append(PushAtEpochEnd(started.pusher, self.total_steps))
         callbacks.append(
             training_logs.TensorBoardScalars(
                 self.output_dir, self.steps.logging_steps, self.tokens_per_step, self.chief
@@ -170,19 +232,17 @@ class TrainingRun:
         training_log = training_logs.training_log_path(self.output_dir) if self.chief else None
         callbacks.append(
             checkpoints.SaveCheckpoints(
-                self.manager, self.steps.save_steps, training_log, self.plan.steps_per_epoch
+                started.manager, self.steps.save_steps, training_log, self.plan.steps_per_epoch
             )
         )
         return callbacks
 
-    def finish(self, trainer, logs):
+    def finish(self, trainer, logs, started):
         """After fit() and the chief's save: the card and curves beside the model, a summary line,
         the final Hub push; a worker removes its scratch checkpoints. Returns the final logs."""
-        import tensorflow as tf
-
         steps = int(trainer.optimizer.iterations.numpy())
         if not self.chief:
-            tf.io.gfile.rmtree(self.manager.directory)
+            tf.io.gfile.rmtree(started.manager.directory)
             print(f"Worker done after {steps} steps; the chief saves the model.")
             return logs
         # a run resumed at its last step trained no epoch: it reports the last one logged
@@ -191,9 +251,10 @@ class TrainingRun:
         )
         final_card = self.card(trainer, {key: values[-1] for key, values in logs.items()})
         model_card.add_card_and_curves(self.output_dir, final_card)
-        minutes = (time.perf_counter() - self.started) / 60
+        minutes = (time.perf_counter() - started.clock) / 60
         summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes)
-        print(summary + (f" (resumed at step {self.start_step})" if self.start_step else ""))
-        if self.pusher is not None:
-            self.pusher.push_final(trainer, final_card, f"Final model: {steps} steps")
+        resumed = f" (resumed at step {started.start_step})" if started.start_step else ""
+        print(summary + resumed)
+        if started.pusher is not None:
+            started.pusher.push_final(trainer, final_card, f"Final model: {steps} steps")
         return logs

@@ -47,7 +47,7 @@ def word_start_table(tokenizer):
 
 
 def ranking(input_ids, maskable, noise, count, predictions, word_starts):
-    """--whole_word_masking: mask_tokens()'s ranking and used slots (run_mlm.py), by whole words.
+    """--whole_word_masking: masked_lm_data.mask_tokens()'s ranking and used slots, by whole words.
 
     A word is a piece that begins one (`word_starts`, word_start_table() as a tensor) and the
     pieces after it that do not; a special token, or the first piece of a sequence cut from a

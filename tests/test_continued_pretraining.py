@@ -84,7 +84,7 @@ def evaluation_batches(argv):
     import tensorflow as tf
     from transformers import AutoTokenizer
 
-    from mlm_pipeline import hosts, shard_checks
+    from mlm_pipeline import hosts, masked_lm_data, shard_checks
 
     args = run_mlm.parse_args(argv)
     data, parent = args.data, args.model.model_name_or_path
@@ -94,10 +94,10 @@ def evaluation_batches(argv):
     batch_size = args.speed.per_replica_batch_size
     plans = hosts.input_plans(tf.distribute.get_strategy(), manifests, batch_size)
     host = plans[1].pipeline_input(tf.distribute.InputContext())
-    dataset = run_mlm.build_dataset(
+    dataset = masked_lm_data.build_dataset(
         host.files,
         host.batch_size,
-        False,
+        training=False,
         tokenizer=tokenizer,
         max_length=manifests[0]["max_length"],
         masking=args.masking,
@@ -258,6 +258,11 @@ def test_continued_run_starts_from_the_parent_and_resumes_its_own_checkpoint(
     card = (output_dir / "README.md").read_text()
     assert "continued-pretraining" in card and f"pretrained further from `{parent.name}`" in card
     assert "base_model" not in card  # a folder, not a Hub id: no link the Hub could follow
+    # what a rerun must match to resume: the parent as --model_name_or_path named it
+    recorded = json.loads(
+        (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
+    )
+    assert recorded["model_name_or_path"] == str(parent)
     saved, published = json.loads((output_dir / "config.json").read_text()), config_of(parent)
     assert saved["vocab_size"] == published["vocab_size"]
     assert saved["hidden_size"] == published["hidden_size"]
@@ -341,6 +346,8 @@ def test_masking_fits_mmberts_tokenizer(mmbert):
 def check_masking(name, tokenizer_folder, shards):
     from transformers import AutoTokenizer
 
+    from mlm_pipeline import masked_lm_data
+
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_folder))
     starts = whole_words.word_start_table(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -348,10 +355,10 @@ def check_masking(name, tokenizer_folder, shards):
     assert marked and all(starts[index] == (name != "bert") for index in marked)
 
     files = sorted(str(path) for path in (shards / "train").glob("*.tfrecord"))
-    dataset = run_mlm.build_dataset(
+    dataset = masked_lm_data.build_dataset(
         files,
         16,
-        True,
+        training=True,
         tokenizer=tokenizer,
         max_length=MAX_LENGTH,
         masking=run_mlm.Masking(
@@ -571,3 +578,16 @@ def test_family_tokenizers_differ_in_fingerprint(corpus):
         contract.vocabulary_fingerprint(family_tokenizer(f, texts)) for f in TOKENIZER_FAMILIES
     }
     assert len(prints) == len(TOKENIZER_FAMILIES)
+
+
+def test_a_continued_preflight_counts_the_evaluation_before_the_first_step(roberta, tmp_path):
+    """--preflight of continued pretraining projects the parent's evaluation before step 1 beside
+    the run's own (4 steps evaluated every 2: 2), and writes nothing."""
+    folder, shards = roberta
+    output_dir = tmp_path / "continued"
+    argv = continue_flags(folder / "parent", shards, output_dir, "--preflight")
+    report = run_mlm.main(run_mlm.parse_args(argv))
+    assert report.evaluation.count == 3
+    argv = continue_flags(folder / "parent", shards, output_dir, "--preflight", eval_steps=4)
+    assert run_mlm.main(run_mlm.parse_args(argv)).evaluation.count == 2
+    assert not output_dir.exists()

@@ -184,8 +184,8 @@ def test_the_recipe_for_ones_own_code_runs_off_the_tpu(tmp_path):
     (recipe,) = [
         block for _, block in python_blocks_calling_the_package() if "prepare_runtime" in block
     ]
-    assert recipe.count("hosts.Hardware()") == 1
-    off_the_tpu = recipe.replace("hosts.Hardware()", "hosts.Hardware(no_tpu=True)")
+    assert recipe.count("hardware.Hardware()") == 1
+    off_the_tpu = recipe.replace("hardware.Hardware()", "hardware.Hardware(no_tpu=True)")
     checks = "print(type(strategy).__name__, len(model.layers), tf_keras.__name__)\n"
     result = run_python(off_the_tpu + checks, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

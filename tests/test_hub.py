@@ -9,6 +9,7 @@ command.
 
 import csv
 import hashlib
+import json
 import threading
 import time
 
@@ -164,6 +165,10 @@ def test_run_mlm_pushes_epoch_snapshots_in_the_background_then_the_final_model(
         "tags:\n- fill-mask\n- tensorflow\n"
     )
     assert card.startswith(metadata)
+    assert "- pretrained-from-scratch\n" in card and "base_model" not in card
+    assert "pretrained from scratch (random initial weights" in card
+    recorded = (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
+    assert json.loads(recorded)["model_name_or_path"] is None  # what a rerun must match
     assert "Training finished" in card
     assert (
         f"After {steps:,} steps, {steps * BATCH_SIZE * train['max_length']:,} tokens seen" in card

@@ -41,11 +41,15 @@ def dense_labels(shape, positions, labels):
 
 
 def mask_sparse(input_ids, seed=(1, 2), mlm_probability=0.15, starts=None, jit_compile=False):
-    """run_mlm.mask_tokens on a batch (whole words when `starts` marks where words start)."""
+    """masked_lm_data.mask_tokens on a batch (whole words when `starts` marks where words start)."""
     import tensorflow as tf
 
+    from mlm_pipeline import masked_lm_data
+
     function = (
-        tf.function(run_mlm.mask_tokens, jit_compile=True) if jit_compile else run_mlm.mask_tokens
+        tf.function(masked_lm_data.mask_tokens, jit_compile=True)
+        if jit_compile
+        else masked_lm_data.mask_tokens
     )
     masked, positions, labels = function(
         tf.constant(input_ids),
@@ -125,8 +129,10 @@ def test_random_replacements_are_ordinary_tokens(batch):
 
 @pytest.mark.parametrize("mlm_probability", [0.15, 0.4])
 def test_sparse_positions_and_labels_have_static_shape_and_no_repeats(batch, mlm_probability):
+    from mlm_pipeline import masked_lm_data
+
     masked, positions, labels = mask_sparse(batch, mlm_probability=mlm_probability)
-    predictions = run_mlm.max_predictions(batch.shape[1], mlm_probability)
+    predictions = masked_lm_data.max_predictions(batch.shape[1], mlm_probability)
     assert positions.shape == labels.shape == (batch.shape[0], predictions)
     used = labels != -100
     assert used.sum(axis=1).max() <= predictions
@@ -188,12 +194,16 @@ def validation(shards_dir, read_manifest, read_records):
 
 
 def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation, tokenizer):
+    from mlm_pipeline import masked_lm_data
+
     files, records = validation
     batch_size = 8
-    dataset = run_mlm.build_dataset(files, batch_size, False, **dataset_options(tokenizer))
+    dataset = masked_lm_data.build_dataset(
+        files, batch_size, training=False, **dataset_options(tokenizer)
+    )
     features_spec, labels_spec = dataset.element_spec
     assert features_spec["input_ids"].shape.as_list() == [batch_size, MAX_LENGTH]
-    predictions = run_mlm.max_predictions(MAX_LENGTH, 0.15)
+    predictions = masked_lm_data.max_predictions(MAX_LENGTH, 0.15)
     assert features_spec["masked_positions"].shape.as_list() == [batch_size, predictions]
     assert labels_spec.shape.as_list() == [batch_size, predictions]
 
@@ -216,12 +226,16 @@ def test_evaluation_batches_are_the_records_in_order_with_fixed_masks(validation
 
 
 def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer):
+    from mlm_pipeline import masked_lm_data
+
     files, records = validation
     # with one file and a buffer of 1 the order repeats, so only the masks can differ
     assert len(files) == 1
     batch_size = 8
     steps_per_epoch = len(records) // batch_size
-    dataset = run_mlm.build_dataset(files, batch_size, True, **dataset_options(tokenizer))
+    dataset = masked_lm_data.build_dataset(
+        files, batch_size, training=True, **dataset_options(tokenizer)
+    )
     batches = collect(dataset, 2 * steps_per_epoch)  # training data repeats forever
     assert len(batches) == 2 * steps_per_epoch
     first, second = batches[:steps_per_epoch], batches[steps_per_epoch:]
@@ -237,6 +251,8 @@ def test_training_masks_change_from_one_epoch_to_the_next(validation, tokenizer)
 
 
 def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, tokenizer):
+    from mlm_pipeline import masked_lm_data
+
     split_dir = shards_dir / "train"
     files = [str(split_dir / shard["file"]) for shard in read_manifest(split_dir)["shards"]]
     options = dataset_options(tokenizer, shuffle_buffer_size=1000)
@@ -244,9 +260,9 @@ def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, 
     def restored(dataset):
         return np.concatenate([originals(masked, labels) for masked, labels in collect(dataset, 6)])
 
-    first = restored(run_mlm.build_dataset(files, 8, True, **options))
-    again = restored(run_mlm.build_dataset(files, 8, True, **options))
-    unshuffled = restored(run_mlm.build_dataset(files, 8, False, **options))
+    first = restored(masked_lm_data.build_dataset(files, 8, training=True, **options))
+    again = restored(masked_lm_data.build_dataset(files, 8, training=True, **options))
+    unshuffled = restored(masked_lm_data.build_dataset(files, 8, training=False, **options))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, unshuffled)
 
@@ -254,11 +270,15 @@ def test_training_order_is_shuffled_but_reproducible(shards_dir, read_manifest, 
 def test_training_masks_at_its_own_rate_and_evaluation_at_mlm_probability(validation, tokenizer):
     """--train_mlm_probability 0.4: training batches mask 40% of each sequence's tokens, while the
     evaluation batches keep --mlm_probability's 15%, the same positions as without the flag."""
+    from mlm_pipeline import masked_lm_data
+
     files, _ = validation
     options = dataset_options(tokenizer, train_mlm_probability=0.4)
 
     def chosen_share(training, **overrides):
-        dataset = run_mlm.build_dataset(files, 8, training, **{**options, **overrides})
+        dataset = masked_lm_data.build_dataset(
+            files, 8, training=training, **{**options, **overrides}
+        )
         masked, labels = collect(dataset, 1)[0]
         special = np.isin(originals(masked, labels), tokenizer.all_special_ids)
         chosen = (labels != -100).sum(axis=1)
@@ -268,7 +288,8 @@ def test_training_masks_at_its_own_rate_and_evaluation_at_mlm_probability(valida
     np.testing.assert_array_equal(chosen, at_40)
     chosen, (_, at_15) = chosen_share(False)
     np.testing.assert_array_equal(chosen, at_15)
-    plain = run_mlm.build_dataset(files, 8, False, **dataset_options(tokenizer))
+    plain = masked_lm_data.build_dataset(files, 8, training=False, **dataset_options(tokenizer))
     np.testing.assert_array_equal(
-        collect(plain, 1)[0][1], collect(run_mlm.build_dataset(files, 8, False, **options), 1)[0][1]
+        collect(plain, 1)[0][1],
+        collect(masked_lm_data.build_dataset(files, 8, training=False, **options), 1)[0][1],
     )

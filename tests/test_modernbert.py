@@ -311,17 +311,17 @@ def test_imported_masked_lm_matches_pytorch(name, transformers5, attention_path)
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_run_mlm_heads_score_the_same_logits(name, exported):
-    """run_mlm.py's masked_lm_trainer, whose sparse head goes through the encoder and
-    get_lm_head() and whose full head through the masked LM, on an unpadded sequence (it passes no
-    attention mask)."""
-    import run_mlm
+    """run_mlm.py's trainer (masked_lm_model.MaskedLMTrainer), whose sparse head goes through the
+    encoder and get_lm_head() and whose full head through the masked LM, on an unpadded sequence
+    (it passes no attention mask)."""
+    from mlm_pipeline import masked_lm_model
     from mlm_pipeline.contract import FEATURE_NAME
 
     model, _, logits = exported[name, "masked_lm"]
     features = {FEATURE_NAME: batch()[0][:1], "masked_positions": np.array(POSITIONS[:1])}
     expected = logits[:1, POSITIONS[0]]
     for mlm_head in ("sparse", "full"):
-        trainer = run_mlm.masked_lm_trainer(model, mlm_head, mask_token_id=3)
+        trainer = masked_lm_model.MaskedLMTrainer(model, mlm_head, mask_token_id=3)
         found = trainer(features, training=False).numpy()
         np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5, err_msg=mlm_head)
 

@@ -25,13 +25,14 @@ WORKER = """
 import json, os, sys
 import numpy as np
 import run_mlm
+from mlm_pipeline import masked_lm_data
 
 calls = []
-build_dataset = run_mlm.build_dataset
+build_dataset = masked_lm_data.build_dataset
 def recording_build_dataset(*args, **kwargs):
     calls.append((args, kwargs))
     return build_dataset(*args, **kwargs)
-run_mlm.build_dataset = recording_build_dataset
+masked_lm_data.build_dataset = recording_build_dataset
 
 trainer, _ = run_mlm.main(run_mlm.parse_args(json.loads(os.environ["WORKER_ARGV"])))
 args, kwargs = next((args, kwargs) for args, kwargs in calls if kwargs["training"])

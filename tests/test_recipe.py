@@ -152,10 +152,12 @@ def test_word_starts_of_this_projects_tokenizer(tokenizer):
 def test_evaluation_masks_stay_token_masks_with_whole_word_masking(
     shards_dir, read_manifest, tokenizer
 ):
+    from mlm_pipeline import masked_lm_data
+
     files = shard_files(shards_dir / "validation", read_manifest)
     datasets = [
-        run_mlm.build_dataset(
-            files, 8, training, **dataset_options(tokenizer, whole_word_masking=flag)
+        masked_lm_data.build_dataset(
+            files, 8, training=training, **dataset_options(tokenizer, whole_word_masking=flag)
         )
         for flag in (False, True)
         for training in (False, True)
@@ -177,17 +179,19 @@ def test_evaluation_masks_stay_token_masks_with_whole_word_masking(
 def test_warmup_pieces_are_the_sequences_cut_with_as_many_tokens_a_batch(
     shards_dir, read_manifest, tokenizer
 ):
+    from mlm_pipeline import masked_lm_data
+
     files = shard_files(shards_dir / "train", read_manifest)
     options = dataset_options(tokenizer)
-    whole = run_mlm.build_dataset(files, 8, True, **options)
-    cut = run_mlm.build_dataset(files, 8, True, pieces=4, **options)
+    whole = masked_lm_data.build_dataset(files, 8, training=True, **options)
+    cut = masked_lm_data.build_dataset(files, 8, training=True, pieces=4, **options)
     features, labels = next(iter(cut))
     short = MAX_LENGTH // 4
     assert features["input_ids"].shape == (32, short)
     assert (
         labels.shape
         == features["masked_positions"].shape
-        == (32, run_mlm.max_predictions(short, 0.15))
+        == (32, masked_lm_data.max_predictions(short, 0.15))
     )
 
     def originals(features, labels):
@@ -468,10 +472,14 @@ def initial_weights(shards_dir, tokenizer_dir):
     import tf_keras
     from transformers import TFAutoModelForMaskedLM
 
+    from mlm_pipeline import masked_lm_model
+
     tokenizer = contract.load_tokenizer(str(tokenizer_dir), "--tokenizer", require_mlm_tokens=True)
     args = run_mlm.parse_args(training_args(shards_dir, tokenizer_dir, "unused"))
     tf_keras.utils.set_random_seed(0)
-    config = run_mlm.build_config(tokenizer, MAX_LENGTH, args.model)
+    config = masked_lm_model.build_config(
+        masked_lm_model.Scratch(args.model), tokenizer, MAX_LENGTH
+    )
     masked_lm = TFAutoModelForMaskedLM.from_config(config)
     masked_lm(masked_lm.dummy_inputs)
     return [weight.numpy() for weight in masked_lm.weights]
@@ -570,7 +578,11 @@ def test_a_recipe_flag_out_of_its_range_is_refused_where_it_is_declared(
 
 
 def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero():
-    schedule = run_mlm.warmup_stable_decay(2.0, total_steps=100, warmup_steps=10, decay_steps=25)
+    from mlm_pipeline import masked_lm_model
+
+    schedule = masked_lm_model.WarmupStableDecay(
+        2.0, total_steps=100, warmup_steps=10, decay_steps=25
+    )
     rates = {step: float(schedule(step)) for step in (0, 5, 10, 40, 75, 80, 95, 100)}
     expected = {0: 0.0, 5: 1.0, 10: 2.0, 40: 2.0, 75: 2.0, 80: 1.6, 95: 0.4, 100: 0.0}
     assert rates == pytest.approx(expected)
@@ -579,8 +591,12 @@ def test_warmup_stable_decay_holds_the_peak_then_decays_to_zero():
 def test_warmup_stable_decay_over_every_step_after_the_warmup_is_create_optimizers_triangle():
     from transformers import create_optimizer
 
+    from mlm_pipeline import masked_lm_model
+
     _, triangle = create_optimizer(1e-3, 200, 20)
-    schedule = run_mlm.warmup_stable_decay(1e-3, total_steps=200, warmup_steps=20, decay_steps=180)
+    schedule = masked_lm_model.WarmupStableDecay(
+        1e-3, total_steps=200, warmup_steps=20, decay_steps=180
+    )
     steps = [0, 7, 20, 21, 100, 199, 200]
     expected = [float(triangle(s)) for s in steps]
     assert [float(schedule(s)) for s in steps] == pytest.approx(expected, rel=1e-5)

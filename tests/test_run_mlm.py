@@ -397,13 +397,20 @@ def test_roberta_refuses_a_pad_token_other_than_id_1(tokenizer_dir, tmp_path):
     differently."""
     from transformers import AutoTokenizer
 
+    from mlm_pipeline import masked_lm_model
+
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     argv = ["--train_dataset", "unused", "--tokenizer", "unused", "--output_dir", "unused"]
     model = run_mlm.parse_args(argv).model  # RoBERTa-base's config
-    assert run_mlm.build_config(tokenizer, MAX_LENGTH, model).pad_token_id == 1
+    assert (
+        masked_lm_model.build_config(
+            masked_lm_model.Scratch(model), tokenizer, MAX_LENGTH
+        ).pad_token_id
+        == 1
+    )
     tokenizer.pad_token = "[SEP]"
     with pytest.raises(run_mlm.UsageError, match=r"pad token '\[SEP\]' has id 2.*fixed at 1"):
-        run_mlm.build_config(tokenizer, MAX_LENGTH, model)
+        masked_lm_model.build_config(masked_lm_model.Scratch(model), tokenizer, MAX_LENGTH)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -782,7 +789,9 @@ def test_run_mlm_refuses_an_unusable_output_dir_before_building_the_strategy(
 
     a_file = tmp_path / "a_file"
     a_file.write_text("a file where a folder should be\n")
-    monkeypatch.setattr(run_mlm.hosts, "build_strategy", no_strategy_yet)
+    from mlm_pipeline import hosts
+
+    monkeypatch.setattr(hosts, "build_strategy", no_strategy_yet)
     args = mlm_args(shards_dir / "train", tokenizer_dir, a_file / "model")
     with pytest.raises(run_mlm.UsageError, match="a_file"):
         run_in_process(*args)
@@ -854,10 +863,12 @@ def test_modernbert_from_scratch_takes_the_tokenizers_special_ids(tokenizer, tmp
     from modernbert_config_files import transformers5_config_dict
     from transformers import ModernBertConfig
 
+    from mlm_pipeline import masked_lm_model
+
     path = write_config(tmp_path, **MODERNBERT_CONFIG)
     argv = ["--train_dataset", "t", "--tokenizer", "k", "--output_dir", "o"]
     model = run_mlm.parse_args([*argv, "--pretrained_model_config", str(path)]).model
-    config = run_mlm.build_config(tokenizer, MAX_LENGTH, model)
+    config = masked_lm_model.build_config(masked_lm_model.Scratch(model), tokenizer, MAX_LENGTH)
     expected = {
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
