@@ -99,12 +99,14 @@ XLA_OUT_OF_MEMORY = (
 @dataclasses.dataclass
 class Phase:
     """Steps of one shape: `dataset` the run's batches for them, `steps` how many the run takes,
-    in `calls` fit() calls (each later one restarts the input pipeline)."""
+    in `calls` fit() calls (each later one restarts the input pipeline: `rebuild()` gives its
+    batches as the run builds them; None: the same `dataset` again)."""
 
     name: str
     dataset: object
     steps: int
     calls: int = 1
+    rebuild: object = None
 
 
 @dataclasses.dataclass
@@ -356,7 +358,9 @@ def preflight(
     timings = []
     try:
         for phase in phases:
-            restart = phase.calls > 1
+            restart = None  # a later call's batches, built as the run builds them
+            if phase.calls > 1:
+                restart = phase.rebuild or (lambda phase=phase: phase.dataset)
             timings.append((phase, time_fit(trainer, phase.dataset, steps_per_execution, restart)))
         evaluation_timing = None
         if evaluation is not None:
@@ -441,9 +445,10 @@ def masked_lm_phases(
     phases = []
     if short_steps:
         pieces = f"the warmup's {short_sequence_length}-token pieces"
-        phases.append(Phase(pieces, train_dataset_from(0), short_steps, calls[0]))
-    full_length = train_dataset_from(short_steps)
-    phases.append(Phase("full length", full_length, total_steps - short_steps, calls[1]))
+        rebuild = functools.partial(train_dataset_from, 0)
+        phases.append(Phase(pieces, rebuild(), short_steps, calls[0], rebuild))
+    rebuild = functools.partial(train_dataset_from, short_steps)
+    phases.append(Phase("full length", rebuild(), total_steps - short_steps, calls[1], rebuild))
     return phases
 
 
@@ -508,21 +513,25 @@ def timing_of(intervals, steps_per_end=1):
     return Timing(intervals[0], mean, spread, len(timed), extra * steps_per_end)
 
 
-def time_fit(trainer, dataset, steps_per_execution, restart=False):
+def time_fit(trainer, dataset, steps_per_execution, restart=None):
     """fit() for WARMUP_EXECUTIONS executions and then TIMED_STEPS steps or more, on `dataset`;
-    with `restart`, a second short fit() call, whose first execution beyond a mean one is what
-    each later call of the run pays (the input pipeline's restart)."""
+    with `restart` (a function that gives the batches of a later call), a second short fit() call:
+    building its batches and its first execution beyond a mean one are what each later call of
+    the run pays (the input pipeline's restart)."""
     timed_executions = max(3, -(-TIMED_STEPS // steps_per_execution))
     steps = (WARMUP_EXECUTIONS + timed_executions) * steps_per_execution
     clock = StepClock()
     trainer.fit(dataset, epochs=1, steps_per_epoch=steps, callbacks=[clock], verbose=0)
     timing = timing_of(intervals_of(clock, steps_per_execution), steps_per_execution)
-    if restart:
+    if restart is not None:
+        started = time.perf_counter()
+        dataset = restart()
+        built = time.perf_counter() - started
         clock = StepClock()
         steps = RESTART_EXECUTIONS * steps_per_execution
         trainer.fit(dataset, epochs=1, steps_per_epoch=steps, callbacks=[clock], verbose=0)
         first = intervals_of(clock, steps_per_execution)[0]
-        timing.restart = max(0.0, (first - timing.mean) * steps_per_execution)
+        timing.restart = built + max(0.0, (first - timing.mean) * steps_per_execution)
     return timing
 
 
