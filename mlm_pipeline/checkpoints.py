@@ -31,7 +31,7 @@ from .contract import (
     TRAINING_LOG_NAME,
 )
 from .errors import UsageError, first_line
-from .storage import write_whole
+from .file_writes import write_whole
 from .training_logs import epoch_of_step, read_training_log, training_log_path, write_epoch_row
 
 # Beside the checkpoints: the training_log.csv row of the evaluation the newest one follows.

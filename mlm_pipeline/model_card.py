@@ -9,7 +9,8 @@ The metadata block and the public names of the folders the run used come from ca
 from . import segments, training_logs
 from .cards import metadata_block, model_name, public_name
 from .contract import CURVES_NAME, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
-from .storage import is_remote, write_whole
+from .file_writes import write_whole
+from .storage import is_remote
 
 CARD = """\
 {front_matter}

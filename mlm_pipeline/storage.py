@@ -13,7 +13,7 @@ finished last).
 
 Nothing here imports TensorFlow: the checks run before it loads (the probe's child loads its own).
 The writes through TensorFlow's file system are in file_writes.py, an engine module; a gs://
-staged folder and write_whole() reach it only when they write.
+staged folder reaches it only when it writes; the engine's modules write files whole through it.
 """
 
 import contextlib
@@ -114,15 +114,6 @@ def publish_locally(source, target):
     if os.path.isdir(target):  # a folder left by a run killed while it published
         shutil.rmtree(target)
     os.replace(source, target)
-
-
-def write_whole(path, data):
-    """file_writes.write_whole, for the modules that write through here: text or bytes to a file,
-    local or gs://, that is never seen half-written. TensorFlow's file system, which it writes
-    with, loads at the first write, not when this module is imported."""
-    from . import file_writes
-
-    file_writes.write_whole(path, data)
 
 
 def check_local_output_dir(output_dir, flag="--output_dir"):

@@ -18,7 +18,7 @@ import tensorflow as tf
 import tf_keras
 
 from .contract import TENSORBOARD_DIR, TRAINING_LOG_NAME
-from .storage import write_whole
+from .file_writes import write_whole
 
 
 def perplexity(loss):
