@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))  # the package lives at the repository root
 
 from machine import describe_machine, labelled_tsv_splits, markdown_table  # noqa: E402
 
-from mlm_pipeline import tf_startup, training_logs  # noqa: E402
+from mlm_pipeline import tf_startup  # noqa: E402
 from mlm_pipeline.errors import OneLineErrorParser, exit_on_usage_error  # noqa: E402
 
 
@@ -87,6 +87,9 @@ def named_folder(text):
 def pretraining_figures(folder):
     """(minutes, accuracy at [MASK]) of the last evaluation in the folder's training_log.csv, as
     run_mlm.py writes it; (None, None) when there is none."""
+    with tf_startup.tensorflow_startup_log_held_back():  # the engine's module: TensorFlow loads
+        from mlm_pipeline import training_logs
+
     _, rows = training_logs.read_training_log(training_logs.training_log_path(folder))
     evaluated = [line for line in rows if line.get("val_mask_token_accuracy")]
     if not evaluated:

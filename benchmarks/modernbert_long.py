@@ -61,7 +61,7 @@ def config_fields(length, layers):
 def peak_mib():
     """This process's own peak resident memory so far, in MiB: the preflight's count, which leaves
     out the parent's peak that ru_maxrss would include."""
-    from mlm_pipeline.preflight import peak_resident_bytes
+    from mlm_pipeline.hardware import peak_resident_bytes
 
     return peak_resident_bytes() / 2**20
 

@@ -7,6 +7,9 @@ so it imports no TensorFlow (tpu_runtime.prepare_runtime must set PJRT's variabl
 """
 
 import dataclasses
+import os
+import resource
+import sys
 from typing import Optional
 
 from .errors import UsageError
@@ -62,3 +65,29 @@ def check_hardware_flags(hardware, jit_compile):
             "build (tensorflow-tpu) leaves out; on a TPU drop --no_tpu (TPUStrategy compiles each "
             "step with XLA), or install requirements.txt to compile on the CPU."
         )
+
+
+# The machine's memory, read without TensorFlow: the preflight's count, and that of benchmarks'
+# child processes whose environments have no TensorFlow (benchmarks/modernbert_long.py).
+
+
+def machine_memory():
+    """The machine's RAM in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def peak_resident_bytes():
+    """This process's own peak resident memory so far, in bytes. On Linux the kernel's high-water
+    mark of this program (VmHWM): ru_maxrss would also count the peak of the process that started
+    it, which a child inherits across fork and exec (a run started from a notebook or a driver
+    holding gigabytes would read as that large). Elsewhere ru_maxrss (bytes on macOS, KiB on the
+    other systems)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:   13552 kB"
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

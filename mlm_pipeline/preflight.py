@@ -37,10 +37,8 @@ import importlib.metadata
 import os
 import platform
 import re
-import resource
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -50,6 +48,7 @@ import tf_keras
 
 from . import segments, tpu_runtime, training_logs
 from .errors import UsageError, tf_error_text
+from .hardware import machine_memory, peak_resident_bytes
 
 # fit()'s executions run untimed first (the first traces and compiles), then the timed ones: their
 # mean, not their median, is what a long run pays, stalls included.
@@ -648,28 +647,6 @@ def tpu_generation():
     return next(
         (tpu_runtime.TPU_CHIPS[chip] for chip in chips if chip in tpu_runtime.TPU_CHIPS), None
     )
-
-
-def machine_memory():
-    """The machine's RAM in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def peak_resident_bytes():
-    """This process's own peak resident memory so far, in bytes. On Linux the kernel's high-water
-    mark of this program (VmHWM): ru_maxrss would also count the peak of the process that started
-    it, which a child inherits across fork and exec (a run started from a notebook or a driver
-    holding gigabytes would read as that large). Elsewhere ru_maxrss (bytes on macOS, KiB on the
-    other systems)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # "VmHWM:   13552 kB"
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def peak_memory(strategy, hardware):

@@ -282,7 +282,7 @@ def test_modernbert_long_refuses_what_it_cannot_build_in_one_line(flags, needle,
 def test_modernbert_long_counts_a_child_s_memory_without_its_parent_s():
     # a child's ru_maxrss starts at its parent's peak; the benchmark's parent holds TensorFlow, so
     # its children must count their own high-water mark, or a small step reads as its parent's size.
-    # The count is the preflight's (preflight.peak_resident_bytes): a run started by a large
+    # The count is the preflight's (hardware.peak_resident_bytes): a run started by a large
     # process must not read as that large either
     held = bytearray(b"\1") * (512 * 2**20)  # written, so resident in this process
     code = "from modernbert_long import peak_mib; print(peak_mib())"

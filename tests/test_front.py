@@ -42,7 +42,8 @@ sys.meta_path.insert(0, NoEngine())
 SCRIPTS = ("train_unigram.py", "prepare_tfrecord_shards.py", "run_mlm.py", "run_classifier.py")
 
 # The modules the scripts import before their engine: settings and their checks, the TPU's start-up,
-# storage's path checks and probe, the output folder's check, the Hub's flag checks.
+# storage's path checks and probe (gcs_probe.py itself runs in the probe's child process, which
+# loads TensorFlow), the output folder's check, the Hub's flag checks.
 FRONT_MODULES = (
     "errors",
     "settings",
@@ -51,7 +52,6 @@ FRONT_MODULES = (
     "tpu_runtime",
     "tpu_slice",
     "storage",
-    "gcs_probe",
     "model_folder",
     "hub",
     "segments",
