@@ -73,8 +73,8 @@ def keep_off_the_tpu():
     is imported: steps 1 and 2 call it first thing in main(), as they never use the TPU. At import
     the TPU build would otherwise load libtpu by its older route, which takes the TPU away from
     other processes on a TPU VM (a step 3 started meanwhile would be refused) and, anywhere else,
-    asks the TPU metadata server for minutes first. tpu_runtime.prepare_runtime() does the same for
-    a training script that does not ask for the TPU."""
+    asks the TPU metadata server for minutes first. tpu_runtime.prepare_runtime() calls it for a
+    training script that does not ask for the TPU."""
     os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
 
 

@@ -38,7 +38,7 @@ from packaging.version import InvalidVersion, Version
 from . import tpu_slice
 from .errors import UsageError, tf_error_text
 from .hardware import asks_for_tpu
-from .tf_startup import PJRT_VARIABLES, tensorflow_startup_log_held_back
+from .tf_startup import PJRT_VARIABLES, keep_off_the_tpu, tensorflow_startup_log_held_back
 
 # Where Linux lists PCI devices, each a folder with `vendor` and `device` files (a test points this
 # at a folder of its own).
@@ -75,12 +75,11 @@ def prepare_runtime(hardware):
     another process), set PJRT's variables (a value the user set is kept), then import TensorFlow,
     which loads libtpu's plugin.
 
-    Without: TensorFlow's TPU build is kept off the TPU (TPU_LOAD_LIBRARY=0, unless set). At import
-    it would otherwise load libtpu by its older route, which takes the TPU away from other
-    processes on a TPU VM and, anywhere else, asks the TPU metadata server for minutes first.
+    Without: TensorFlow's TPU build is kept off the TPU, as steps 1 and 2 keep it
+    (tf_startup.keep_off_the_tpu() says why).
     """
     if not asks_for_tpu(hardware):
-        os.environ.setdefault("TPU_LOAD_LIBRARY", "0")
+        keep_off_the_tpu()
         return
     check_single_host(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
     if tpu_slice.is_named_slice(hardware.tpu_name):
@@ -158,9 +157,7 @@ def prepare_slice_client(hardware):
     for name in PJRT_VARIABLES:
         os.environ.pop(name, None)
     os.environ["TPU_LOAD_LIBRARY"] = "0"  # common.py's export_env_variables, for a pod
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    if "--tf_mlir_enable_mlir_bridge" not in flags:
-        os.environ["TF_XLA_FLAGS"] = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
+    os.environ["TF_XLA_FLAGS"] = with_mlir_bridge(os.environ.get("TF_XLA_FLAGS", ""))
     tpu_slice.check_workers_tensorflow(hardware.tpu_name, hardware.tpu_zone, hardware.gcp_project)
     import_tensorflow()  # no plugin to load: its log is shown if the import fails
 
@@ -377,11 +374,15 @@ def pjrt_variables(environ, library):
     # PJRT_VARIABLES in their order: the TPU as PJRT's device, through its C API, libtpu's plugin
     wanted = dict(zip(PJRT_VARIABLES, ("TPU", "true", library)))
     variables = {name: environ.get(name) or value for name, value in wanted.items()}
-    flags = environ.get("TF_XLA_FLAGS", "")
-    if "--tf_mlir_enable_mlir_bridge" not in flags:
-        flags = f"{flags} {MLIR_BRIDGE_FLAG}".strip()
-    variables["TF_XLA_FLAGS"] = flags
+    variables["TF_XLA_FLAGS"] = with_mlir_bridge(environ.get("TF_XLA_FLAGS", ""))
     return variables
+
+
+def with_mlir_bridge(flags):
+    """TF_XLA_FLAGS with TensorFlow's MLIR bridge turned on, unless they set it either way."""
+    if "--tf_mlir_enable_mlir_bridge" in flags:
+        return flags
+    return f"{flags} {MLIR_BRIDGE_FLAG}".strip()
 
 
 def import_tensorflow(library=None):
