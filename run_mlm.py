@@ -32,7 +32,7 @@ import dataclasses
 import functools
 from typing import Optional
 
-from mlm_pipeline import hardware, hub, model_folder, tf_startup, tpu_runtime, tpu_slice
+from mlm_pipeline import hardware, hub, mixture, model_folder, tf_startup, tpu_runtime, tpu_slice
 from mlm_pipeline.errors import (
     UsageError,
     exit_on_usage_error,
@@ -56,13 +56,30 @@ from mlm_pipeline.settings import parse_command_line, setting
 class Data:
     """The shards to train and evaluate on, and the tokenizer that wrote them."""
 
-    train_dataset: str = setting(
-        "Folder of training shards written by prepare_tfrecord_shards.py (local or gs://).",
+    train_dataset: tuple = setting(
+        "Folder of training shards written by prepare_tfrecord_shards.py (local or gs://); several "
+        "folders: a mixture, each sequence drawn from one of them (--train_weights, "
+        "--mixture_alpha).",
         required=True,
+        several=True,
     )
-    eval_dataset: Optional[str] = setting(
+    train_weights: Optional[tuple] = setting(
+        "With several --train_dataset folders: draw each sequence from folder i with probability "
+        "Wi (normalised), e.g. 0.7 0.3.",
+        type=positive_float,
+        several=True,
+    )
+    mixture_alpha: float = setting(
+        "With several --train_dataset folders and no --train_weights: draw from each in proportion "
+        "to its sequences to this power (1: by size; 0.3: flatter, as XLM-R; 0: all alike).",
+        1.0,
+        type=non_negative_float,
+    )
+    eval_dataset: Optional[tuple] = setting(
         "Folder of evaluation shards, scored at the end of every epoch, or every --eval_steps "
-        "steps (local or gs://)."
+        "steps (local or gs://); several: each PATH or NAME=PATH, each scored and logged under its "
+        "name, the first one the run's val_loss.",
+        several=True,
     )
     tokenizer: Optional[str] = setting(
         "The shards' tokenizer: a folder or a Hub id; with --model_name_or_path, that model's "
@@ -73,6 +90,10 @@ class Data:
         "(--max_length): checked against the shards' manifest; the shards' own when not given.",
         type=positive_int,
     )
+
+    def __post_init__(self):
+        mixture.check_mixture_flags(self.train_dataset, self.train_weights, self.mixture_alpha)
+        mixture.evaluation_sets(self.eval_dataset)  # each NAME=PATH well formed, no name twice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +117,24 @@ class Model:
     trust_remote_code: bool = setting(
         "Allow the Python code of a Hub repository's tokenizer or config to run.", False
     )
+    branch_from: Optional[str] = setting(
+        "A phase of its own from a checkpoint of a run_mlm.py run (a ckpt-N path, or its "
+        "checkpoints folder for the newest; local or gs://): its weights, optimizer moments, step "
+        "and learning rate, then --max_steps more steps on this command's data, length, masking "
+        "and decay (no second warmup)."
+    )
 
     def __post_init__(self):
+        if self.branch_from and (self.model_name_or_path or self.pretrained_model_config):
+            other = (
+                f"--model_name_or_path {self.model_name_or_path}"
+                if self.model_name_or_path
+                else f"--pretrained_model_config {self.pretrained_model_config}"
+            )
+            raise UsageError(
+                f"--branch_from {self.branch_from} continues that checkpoint's run, its "
+                f"architecture and weights, but {other} names another start; pass one of them."
+            )
         if self.model_name_or_path and self.pretrained_model_config:
             raise UsageError(
                 f"--model_name_or_path {self.model_name_or_path} continues that model, weights and "
@@ -164,6 +201,12 @@ class Optimizer:
         "decay starts right after the warmup.",
         type=positive_float,
     )
+    decay_shape: str = setting(
+        "The decay's curve from the peak to 0: linear, or 1-sqrt (1 - sqrt of the decay's "
+        "progress, ModernBERT's and Ettin's: lower sooner, the last steps gentler).",
+        "linear",
+        choices=("linear", "1-sqrt"),
+    )
     max_grad_norm: float = setting(
         "Clip the gradients of all replicas together to this global norm; 0: no clipping.",
         0.0,
@@ -183,8 +226,16 @@ class Optimizer:
         "Adam's epsilon, added to the denominator of every update.", 1e-8, type=positive_float
     )
 
-    def __post_init__(self):
-        if self.decay_ratio is not None and self.decay_ratio > 1.0 - self.warmup_ratio:
+    def check_decay(self, branch_from):
+        """The decay follows the warmup; a branch has no warmup, so it may decay over all its
+        steps (--decay_ratio 1)."""
+        if branch_from:
+            if self.decay_ratio is not None and self.decay_ratio > 1.0:
+                raise UsageError(
+                    f"--decay_ratio {self.decay_ratio} must lie in (0, 1] in a branch: the share "
+                    "of its --max_steps over which it decays (1: all of them)."
+                )
+        elif self.decay_ratio is not None and self.decay_ratio > 1.0 - self.warmup_ratio:
             raise UsageError(
                 f"--decay_ratio {self.decay_ratio} must lie in (0, 1 - --warmup_ratio] with "
                 f"--warmup_ratio {self.warmup_ratio}: "
@@ -299,6 +350,11 @@ class Output:
         hub.FINAL_PUSH_TIMEOUT,
         type=positive_int,
     )
+    average_last: Optional[int] = setting(
+        "Hand on the average of the weights of the run's last K checkpoints (the final one "
+        "included), evaluated like it; the last step's own model is saved beside it.",
+        type=positive_int,
+    )
 
     def __post_init__(self):
         hub.check_hub_flags(self.hub_model_id, self.hub_private, "my-user/roberta-from-scratch")
@@ -331,6 +387,7 @@ class Settings:
     hardware: Hardware
 
     def __post_init__(self):
+        self.optimizer.check_decay(self.model.branch_from)
         hardware.check_hardware_flags(self.hardware, self.speed.jit_compile)
         if not self.model.model_name_or_path and not self.data.tokenizer:
             raise UsageError(
@@ -344,8 +401,7 @@ class Settings:
                 "needs --eval_dataset: give the evaluation shards, or drop --max_eval_samples."
             )
         if hardware.asks_for_tpu(self.hardware):  # a pod slice's hosts reach gs:// only
-            paths = {"--train_dataset": self.data.train_dataset}
-            paths["--eval_dataset"] = self.data.eval_dataset
+            paths = mixture.paths_given(self.data.train_dataset, self.data.eval_dataset)
             paths["--output_dir"] = self.output.output_dir
             tpu_slice.check_paths_reach_the_hosts(self.hardware.tpu_name, paths)
 
@@ -366,7 +422,7 @@ def check_paths(settings):
     gs:// ones probed, the output folder refused when it holds a finished model (model_folder.py).
     The flags' own rules were checked as the command line was read (Settings)."""
     data, output = settings.data, settings.output
-    inputs = {"--train_dataset": data.train_dataset, "--eval_dataset": data.eval_dataset}
+    inputs = mixture.paths_given(data.train_dataset, data.eval_dataset)
     inputs["--model_name_or_path"] = settings.model.model_name_or_path
     model_folder.check_output(output, inputs, write_probe=not settings.steps.preflight)
 

@@ -68,7 +68,7 @@ def curve_callback(args, eval_every, points):
                 tokenizer, data.tokenizer, f"--tokenizer {data.tokenizer}"
             )
             manifests = shard_checks.read_training_manifests(
-                data.train_dataset, data.eval_dataset, named
+                data.train_dataset[0], data.eval_dataset[0], named
             )
             max_length = manifests[0]["max_length"]
             accumulation = args.speed.gradient_accumulation_steps  # tokens a step, as run_mlm.py

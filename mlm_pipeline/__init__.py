@@ -78,6 +78,8 @@ against the imports.
     whole_words            3    --whole_word_masking: which tokens start a word, the masking of
                                 whole words
     metrics                3    the accuracy metrics, over the masked positions only
+    mixture                3    several --train_dataset folders drawn by weight, several named
+                                --eval_dataset sets: their flags checked before any work
     masked_lm_data         3    run_mlm.py's data: the shards checked against the tokenizer, an
                                 input pipeline per host, the masking in tf.data
     masked_lm_model        3    run_mlm.py's model: from scratch or a parent's weights, the

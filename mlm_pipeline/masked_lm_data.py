@@ -12,7 +12,7 @@ import math
 
 import tensorflow as tf
 
-from . import contract, segments, shard_checks, whole_words
+from . import contract, mixture, segments, shard_checks, whole_words
 from .contract import FEATURE_NAME
 from .errors import UsageError
 
@@ -38,10 +38,10 @@ def read_shards(data, masking, tokenizer, origin):
     (a parent's vocabulary and positions)."""
     if masking.whole_word_masking:  # its vocabulary must say where words start
         whole_words.check_word_markers(tokenizer.tokenizer, tokenizer.flag)
-    manifests = shard_checks.read_training_manifests(
-        data.train_dataset, data.eval_dataset, tokenizer
-    )
-    max_length = shard_checks.check_max_length(data.max_length, manifests[0], data.train_dataset)
+    evaluation_sets = mixture.evaluation_sets(data.eval_dataset)
+    eval_dataset = evaluation_sets[0].path if evaluation_sets else None
+    manifests = shard_checks.read_training_manifests(data.train_dataset[0], eval_dataset, tokenizer)
+    max_length = shard_checks.check_max_length(data.max_length, manifests[0], data.train_dataset[0])
     origin.check_continuation(tokenizer.tokenizer, tokenizer.flag, max_length)
     return manifests, max_length
 

@@ -6,7 +6,7 @@ CARD below is the card's outline; each of its fields is filled by the function o
 The metadata block and the public names of the folders the run used come from cards.py.
 """
 
-from . import segments, training_logs
+from . import mixture, segments, training_logs
 from .cards import metadata_block, model_name, public_name
 from .contract import CURVES_NAME, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
 from .file_writes import write_whole
@@ -112,7 +112,7 @@ def front_matter(config, origin):
 
 def training_text(train_manifest, data):
     """The text the model was trained on: the shards' source, else their folder."""
-    return public_name(train_manifest.get("source")) or public_name(data.train_dataset)
+    return public_name(train_manifest.get("source")) or public_name(data.train_dataset[0])
 
 
 def introduction(config, parameters, origin):
@@ -153,9 +153,11 @@ def usage(where, mask):
 def training_data(manifests, data, tokenizer):
     """The shards of each split, then how their sequences were made."""
     train_manifest, eval_manifest = manifests
-    splits = [("train", data.train_dataset, train_manifest)]
+    splits = [("train", data.train_dataset[0], train_manifest)]
     if eval_manifest is not None:
-        splits.append(("evaluation", data.eval_dataset, eval_manifest))
+        splits.append(
+            ("evaluation", mixture.evaluation_sets(data.eval_dataset)[0].path, eval_manifest)
+        )
     rows = [
         [
             split,

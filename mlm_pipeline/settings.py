@@ -28,11 +28,15 @@ import dataclasses
 from .errors import OneLineErrorParser, UsageError
 
 
-def setting(help, default=None, *, type=None, choices=None, required=False, aliases=()):
+def setting(
+    help, default=None, *, type=None, choices=None, required=False, aliases=(), several=False
+):
     """A group's field: its flag's `help`, argparse `type` (errors.py's positive_int, ...),
     `choices` and `default` (None: not given); `required`, a flag without a default; `aliases`,
-    other spellings of the flag that users already type (--export_to_hub for --push_to_hub)."""
+    other spellings of the flag that users already type (--export_to_hub for --push_to_hub);
+    `several`, a flag that takes one value or more (`--train_dataset A B`), held as a tuple."""
     metadata = {"help": help, "type": type, "choices": choices, "aliases": tuple(aliases)}
+    metadata["nargs"] = "+" if several else None
     if required:
         return dataclasses.field(metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -62,6 +66,8 @@ def build_parser(settings, prog, description, epilog=None):
                 continue  # no flag of its own: it holds the flags no group declares
             flags = [f"--{field.name}", *field.metadata["aliases"]]
             options = {"help": field.metadata["help"]}
+            if field.metadata["nargs"]:
+                options["nargs"] = field.metadata["nargs"]
             if field.type is bool:
                 add(*flags, action="store_true", **options)
             elif field.default is dataclasses.MISSING:
@@ -106,7 +112,12 @@ def parse_command_line(settings, argv=None, *, prog, description, epilog=None):
 
 
 def group_from(namespace, group):
-    """The `group` (a dataclass) of the parsed flags named as its fields."""
+    """The `group` (a dataclass) of the parsed flags named as its fields; a flag of several values
+    as a tuple, which a frozen group cannot have changed under it."""
+    values = {field.name: getattr(namespace, field.name) for field in dataclasses.fields(group)}
     return group(
-        **{field.name: getattr(namespace, field.name) for field in dataclasses.fields(group)}
+        **{
+            name: tuple(value) if isinstance(value, list) else value
+            for name, value in values.items()
+        }
     )

@@ -823,7 +823,7 @@ def test_each_setting_is_a_flag_of_its_group_with_its_default_help_and_type(caps
     assert "Should match the setting used in" in help_text  # the 🤗 example's --max_length
     given = run_mlm.parse_args([*argv, "--learning_rate", "3e-4", "--bfloat16", "--max_steps", "9"])
     assert given.optimizer.learning_rate == 3e-4 and given.speed.bfloat16 is True
-    assert given.steps.max_steps == 9 and given.data.train_dataset == "t"
+    assert given.steps.max_steps == 9 and given.data.train_dataset == ("t",)
     for wrong in (["--bfloat16", "True"], ["--max_steps", "0"], ["--mlm_head", "half"]):
         with pytest.raises(SystemExit) as refusal:
             run_mlm.parse_args([*argv, *wrong])

@@ -1,0 +1,83 @@
+"""run_mlm.py's data when it is more than one folder, checked as the command line is read: a
+mixture of training folders (--train_dataset A B, drawn by --train_weights or --mixture_alpha) and
+several named validation sets (--eval_dataset NAME=PATH ...). Part of the front: no TensorFlow.
+
+ModernBERT, Ettin and mmBERT were trained on mixtures of sources drawn by weight, and continued
+models are watched on several validation sets (the domain's beside the original one): what it
+learns and what it forgets.
+"""
+
+import dataclasses
+import re
+
+from .errors import UsageError
+
+# A validation set's name becomes part of its logged names (val_<name>_loss): letters, digits,
+# "_", "-" and "." only, so that it reads the same in TensorBoard, a CSV header and a file name.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def check_mixture_flags(folders, weights, alpha):
+    """The mixture's flags agree: a weight a folder, no folder twice."""
+    if weights is not None and len(weights) != len(folders):
+        raise UsageError(
+            f"--train_weights {' '.join(f'{w:g}' for w in weights)} gives {len(weights)} "
+            f"weight(s) for {len(folders)} --train_dataset folder(s); give one weight a folder, in "
+            "the folders' order."
+        )
+    repeated = sorted({folder for folder in folders if folders.count(folder) > 1})
+    if repeated:
+        raise UsageError(
+            f"--train_dataset names {repeated[0]} more than once; name each folder once and weigh "
+            "it with --train_weights."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSet:
+    """One --eval_dataset folder: `name`, what its logs are called (NAME=PATH's NAME, else the
+    folder's own name), and its `path`."""
+
+    name: str
+    path: str
+
+
+def evaluation_sets(eval_dataset):
+    """The EvaluationSets of --eval_dataset (each PATH or NAME=PATH), in order; [] without it.
+    A PATH may hold "=" itself (gs://bucket/lang=fr): only a plain name before the first "=" names
+    the set. Two sets of one name are refused: their logs would be one."""
+    sets = []
+    for given in eval_dataset or ():
+        name, separator, path = given.partition("=")
+        if not (separator and NAME_PATTERN.fullmatch(name) and path):
+            name, path = folder_name(given), given
+        sets.append(EvaluationSet(name, path))
+    names = [one.name for one in sets]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if len(sets) > 1 and repeated:
+        raise UsageError(
+            f"--eval_dataset has two sets named {repeated[0]}; name each one, e.g. "
+            f"--eval_dataset general={sets[0].path} domain={sets[1].path}."
+        )
+    return sets
+
+
+def folder_name(path):
+    """A validation set's name from its folder: the last part of its path, when it is a plain name
+    (else "eval")."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return last if NAME_PATTERN.fullmatch(last) else "eval"
+
+
+def paths_given(train_dataset, eval_dataset):
+    """{flag: path} of every --train_dataset and --eval_dataset folder, for the checks that name a
+    path with its flag (storage, tpu_slice): the first folder of each flag under the flag itself, as
+    with one folder; each later one with its place (train) or its name (evaluation)."""
+    paths = {"--train_dataset": train_dataset[0]}
+    for number, folder in enumerate(train_dataset[1:], start=2):
+        paths[f"--train_dataset (folder {number})"] = folder
+    sets = evaluation_sets(eval_dataset)
+    paths["--eval_dataset"] = sets[0].path if sets else None
+    for evaluation_set in sets[1:]:
+        paths[f"--eval_dataset ({evaluation_set.name})"] = evaluation_set.path
+    return paths
