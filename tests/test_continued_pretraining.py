@@ -90,7 +90,9 @@ def evaluation_batches(argv):
     data, parent = args.data, args.model.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(parent)
     named = contract.NamedTokenizer(tokenizer, parent, "its tokenizer")
-    manifests = shard_checks.read_training_manifests(data.train_dataset, data.eval_dataset, named)
+    manifests = shard_checks.read_training_manifests(
+        data.train_dataset[0], data.eval_dataset[0], named
+    )
     batch_size = args.speed.per_replica_batch_size
     plans = hosts.input_plans(tf.distribute.get_strategy(), manifests, batch_size)
     host = plans[1].pipeline_input(tf.distribute.InputContext())

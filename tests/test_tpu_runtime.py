@@ -415,7 +415,7 @@ def test_readmes_pod_command_passes_the_command_line_checks():
     command = re.search(r"python run_mlm\.py (.+?)\n *```", section, re.DOTALL).group(1)
     settings = run_mlm.parse_args(command.replace("\\\n", " ").split())
     assert settings.hardware.tpu_name == "my-slice"
-    assert settings.data.train_dataset.startswith("gs://")
+    assert settings.data.train_dataset[0].startswith("gs://")
 
 
 def test_the_resolver_is_given_the_slice_its_zone_and_project(monkeypatch):
