@@ -452,8 +452,15 @@ def main(settings, callbacks=()):
     train_dataset_from = masked_lm_data.training_stream(  # the batches from a step on
         strategy, train_plan, tokenizer, max_length, masking, short_steps, pieces
     )
-    evaluation = masked_lm_data.evaluation_data(
-        strategy, eval_plan, manifests[1], tokenizer, max_length, masking, steps.max_eval_samples
+    evaluation = masked_lm_data.evaluation_data(  # each --eval_dataset set, the first val_loss's
+        strategy,
+        eval_plan,
+        manifests[1:],
+        tokenizer,
+        max_length,
+        masking,
+        steps.max_eval_samples,
+        data.eval_dataset,
     )
 
     # The model, before the output folder is touched: a parent that cannot be loaded stops here.

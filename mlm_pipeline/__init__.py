@@ -95,6 +95,8 @@ against the imports.
                                 background, the final model last
     training_run           3    what a run does around fit(): chief and workers, resume,
                                 callbacks, the end
+    validation_sets        3    several named --eval_dataset sets: each scored at every
+                                evaluation and logged under its name
     preflight              3 4  --preflight: a few of the run's own steps timed after the
                                 compile, the hardware, the peak memory against the device's, the
                                 whole run's projected time; nothing written

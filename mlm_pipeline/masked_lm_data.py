@@ -12,7 +12,7 @@ import math
 
 import tensorflow as tf
 
-from . import contract, mixture, segments, shard_checks, whole_words
+from . import contract, hosts, mixture, segments, shard_checks, whole_words
 from .contract import FEATURE_NAME
 from .errors import UsageError
 
@@ -32,15 +32,22 @@ def load_tokenizer(data, model, origin):
 
 
 def read_shards(data, masking, tokenizer, origin):
-    """The manifests of the train and evaluation shards (the second None without --eval_dataset)
-    and their sequences' length, checked before any work against `tokenizer` (a
-    contract.NamedTokenizer), --max_length, --whole_word_masking and what `origin` holds them to
-    (a parent's vocabulary and positions)."""
+    """The manifests of the train and evaluation shards (the second None without --eval_dataset;
+    with several --eval_dataset sets, each set's in order after the train one) and their
+    sequences' length, checked before any work against `tokenizer` (a contract.NamedTokenizer),
+    --max_length, --whole_word_masking and what `origin` holds them to (a parent's vocabulary and
+    positions)."""
     if masking.whole_word_masking:  # its vocabulary must say where words start
         whole_words.check_word_markers(tokenizer.tokenizer, tokenizer.flag)
     evaluation_sets = mixture.evaluation_sets(data.eval_dataset)
-    eval_dataset = evaluation_sets[0].path if evaluation_sets else None
+    # several sets are checked below, each refusal naming its set
+    eval_dataset = evaluation_sets[0].path if len(evaluation_sets) == 1 else None
     manifests = shard_checks.read_training_manifests(data.train_dataset[0], eval_dataset, tokenizer)
+    if len(evaluation_sets) > 1:
+        evaluations = shard_checks.read_evaluation_manifests(
+            evaluation_sets, manifests[0], tokenizer
+        )
+        manifests = (manifests[0], *evaluations)
     max_length = shard_checks.check_max_length(data.max_length, manifests[0], data.train_dataset[0])
     origin.check_continuation(tokenizer.tokenizer, tokenizer.flag, max_length)
     return manifests, max_length
@@ -253,24 +260,70 @@ def max_predictions(max_length, mlm_probability):
 
 
 @dataclasses.dataclass(frozen=True)
+class NamedEvaluation:
+    """One of several validation sets (--eval_dataset NAME=PATH ...) as every evaluation scores it:
+    its `name`, its batches on every replica (`dataset`: one pass, fixed masks) and how many of
+    them each evaluation scores (`batches`)."""
+
+    name: str
+    dataset: object
+    batches: int
+
+
+@dataclasses.dataclass(frozen=True)
 class EvaluationData:
     """The evaluation split as every evaluation scores it: `dataset`, its batches on every replica
     (one pass, fixed masks); `batches`, how many of them each evaluation scores (--max_eval_samples:
-    the first whole ones only); `line`, the sentence that says so, printed as the run starts."""
+    the first whole ones only); `line`, the sentence that says so, printed as the run starts.
+    With several --eval_dataset sets, `dataset` and `batches` are the first set's, the one val_loss
+    means, and `sets` holds every set (NamedEvaluation), the first included; () with one."""
 
     dataset: object
     batches: int
     line: str
+    sets: tuple = ()
+
+    @property
+    def names(self):
+        """The validation sets' names when there are several, in order; () with one."""
+        return tuple(evaluation_set.name for evaluation_set in self.sets)
 
 
-def evaluation_data(strategy, plan, manifest, tokenizer, max_length, masking, max_eval_samples):
-    """The run's EvaluationData; None without --eval_dataset (`plan` None)."""
+def evaluation_data(
+    strategy, plan, manifests, tokenizer, max_length, masking, max_eval_samples, eval_dataset=None
+):
+    """The run's EvaluationData; None without --eval_dataset (`plan` None). `manifests`: each
+    evaluation set's, in order (read_shards' after the train one); `eval_dataset`, the flag's
+    folders, which name the sets when there are several."""
     if plan is None:
         return None
-    batches, line = segments.evaluation_batches(
-        plan.steps_per_epoch, manifest["records"], plan.global_batch_size, max_eval_samples
+
+    def scored(plan, manifest):
+        batches, line = segments.evaluation_batches(
+            plan.steps_per_epoch, manifest["records"], plan.global_batch_size, max_eval_samples
+        )
+        dataset = distributed_dataset(
+            strategy,
+            plan,
+            training=False,
+            tokenizer=tokenizer,
+            max_length=max_length,
+            masking=masking,
+        )
+        return dataset, batches, line
+
+    dataset, batches, line = scored(plan, manifests[0])
+    named = mixture.evaluation_sets(eval_dataset)
+    if len(named) < 2:
+        return EvaluationData(dataset, batches, line)
+    sets, lines = [NamedEvaluation(named[0].name, dataset, batches)], [line]
+    for evaluation_set, manifest in zip(named[1:], manifests[1:], strict=True):
+        flag = f"--eval_dataset ({evaluation_set.name})"  # its own plan: batches of the same size
+        set_plan = hosts.InputPlan(strategy, manifest, flag, plan.per_replica_batch_size)
+        set_dataset, set_batches, set_line = scored(set_plan, manifest)
+        sets.append(NamedEvaluation(evaluation_set.name, set_dataset, set_batches))
+        lines.append(set_line)
+    line = f"Each evaluation scores {len(sets)} validation sets, val_loss the first's:" + "".join(
+        f"\n  {one.name}: {text[0].lower()}{text[1:]}" for one, text in zip(sets, lines)
     )
-    dataset = distributed_dataset(
-        strategy, plan, training=False, tokenizer=tokenizer, max_length=max_length, masking=masking
-    )
-    return EvaluationData(dataset, batches, line)
+    return EvaluationData(dataset, batches, line, tuple(sets))

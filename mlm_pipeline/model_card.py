@@ -66,15 +66,16 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
     `settings`: run_mlm.py's Settings, the card's settings read from its groups (where the model
     goes, what it was trained from, the masking, optimizer and speed); `tokenizer` a
     contract.NamedTokenizer; `manifests`: the train and evaluation manifests (the second may be
-    None); `schedule` the run's training_run.Schedule; `trainer` the fitted model (its optimizer
-    counts the steps taken, in this process or before a resume) and `metrics` the figures of the
-    latest epoch as fit() logs them: loss, masked_accuracy, ... and their val_ twins.
+    None; with several --eval_dataset sets, each set's in order); `schedule` the run's
+    training_run.Schedule; `trainer` the fitted model (its optimizer counts the steps taken, in
+    this process or before a resume) and `metrics` the figures of the latest epoch as fit() logs
+    them: loss, masked_accuracy, ... and their val_ twins (val_<name>_loss, ... of several sets).
     `origin`: where the weights started (masked_lm_model.Scratch or pretrained_model.Parent): its
     card tag, its words for the introduction, and its Hub id, the Hub's link to the model continued
     (None for a model pretrained from scratch or continued from a folder).
     """
     data, output = settings.data, settings.output
-    train_manifest, eval_manifest = manifests
+    train_manifest, eval_manifest = manifests[0], manifests[1]
     steps = int(trainer.optimizer.iterations.numpy())
     max_length = train_manifest["max_length"]
     global_batch_size = schedule.plan.global_batch_size
@@ -93,7 +94,8 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
         training_procedure=training_procedure(
             config, mask, global_batch_size, max_length, schedule, settings
         ),
-        results=results(metrics, steps, steps * global_batch_size * max_length, mask),
+        results=results(metrics, steps, steps * global_batch_size * max_length, mask)
+        + validation_sets(metrics, data, mask),
         evaluation_note=evaluation_note(eval_manifest),
     )
 
@@ -152,12 +154,16 @@ def usage(where, mask):
 
 def training_data(manifests, data, tokenizer):
     """The shards of each split, then how their sequences were made."""
-    train_manifest, eval_manifest = manifests
+    train_manifest, eval_manifest = manifests[0], manifests[1]
     splits = [("train", data.train_dataset[0], train_manifest)]
-    if eval_manifest is not None:
-        splits.append(
-            ("evaluation", mixture.evaluation_sets(data.eval_dataset)[0].path, eval_manifest)
-        )
+    evaluation_sets = mixture.evaluation_sets(data.eval_dataset)
+    if len(evaluation_sets) > 1:  # each validation set by its name
+        splits += [
+            (f"evaluation ({one.name})", one.path, manifest)
+            for one, manifest in zip(evaluation_sets, manifests[1:])
+        ]
+    elif eval_manifest is not None:
+        splits.append(("evaluation", evaluation_sets[0].path, eval_manifest))
     rows = [
         [
             split,
@@ -300,6 +306,36 @@ def results(metrics, steps, tokens_seen, mask):
     return f"{seen}\n\n{markdown_table(['metric', 'train', 'evaluation'], rows)}"
 
 
+def validation_sets(metrics, data, mask):
+    """With several --eval_dataset sets: a table of each set's latest figures, a row a set
+    ("–" where missing); "" with one (the results table holds it)."""
+    names = [one.name for one in mixture.evaluation_sets(data.eval_dataset)]
+    if len(names) < 2:
+        return ""
+
+    def number(key):
+        value = metrics.get(key)
+        return "–" if value is None else f"{float(value):.4f}"
+
+    def percent(key):
+        value = metrics.get(key)
+        return "–" if value is None else f"{100 * float(value):.2f}%"
+
+    rows = [
+        [
+            f"`{name}`",
+            number(f"val_{name}_loss"),
+            percent(f"val_{name}_mask_token_accuracy"),
+        ]
+        for name in names
+    ]
+    header = ["validation set", "masked-LM loss", f"accuracy at `{mask}`"]
+    return (
+        f"\n\nEach validation set at the latest evaluation; the evaluation column above is the "
+        f"first set's, `{names[0]}`.\n\n{markdown_table(header, rows)}"
+    )
+
+
 def evaluation_note(eval_manifest):
     if eval_manifest is not None:
         return ""
@@ -318,13 +354,14 @@ def write_model_card(card_text, output_dir):
     write_whole(f"{output_dir.rstrip('/')}/{MODEL_CARD_NAME}", card_text)
 
 
-def add_card_and_curves(output_dir, card_text):
+def add_card_and_curves(output_dir, card_text, names=()):
     """Beside the saved model: its card (README.md: data, settings, results) and
     training_curves.png, the loss and the accuracy at [MASK] against the step, drawn from the
-    TensorBoard scalars."""
+    TensorBoard scalars (a line for each of several validation sets, `names`)."""
     write_model_card(card_text, output_dir)
     output_dir = output_dir.rstrip("/")
-    training_logs.plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", f"{output_dir}/{CURVES_NAME}")
+    curves = f"{output_dir}/{CURVES_NAME}"
+    training_logs.plot_curves(f"{output_dir}/{TENSORBOARD_DIR}", curves, names)
     print(
         f"Saved the model and tokenizer to {output_dir}, the curves to {output_dir}/{CURVES_NAME}."
     )

@@ -110,11 +110,24 @@ class Phase:
 
 @dataclasses.dataclass
 class Evaluation:
-    """The run's evaluations: `dataset`, the `batches` each scores and how many (`count`)."""
+    """The run's evaluations: `dataset`, the `batches` each scores and how many (`count`);
+    `other_batches`, the batches of each further validation set every evaluation also scores
+    (run_mlm.py's --eval_dataset of several sets), counted at the pace `dataset`'s batches are
+    timed at (the same model, batch and length), each set's evaluate() paying a restart."""
 
     dataset: object
     batches: int
     count: int
+    other_batches: tuple = ()
+
+    @property
+    def sets(self):
+        return 1 + len(self.other_batches)
+
+    @property
+    def batches_each(self):
+        """The batches of one evaluation, every set's."""
+        return self.batches + sum(self.other_batches)
 
 
 @dataclasses.dataclass
@@ -223,8 +236,9 @@ class Report:
         if self.evaluation is None or not self.evaluation.count:
             return 0.0
         timing, count = self.evaluation_timing, self.evaluation.count
-        each = self.evaluation.batches * timing.mean
-        return count * each + timing.extra + (count - 1) * timing.restart
+        each = self.evaluation.batches_each * timing.mean
+        calls = count * self.evaluation.sets  # one evaluate() a set at each evaluation
+        return count * each + timing.extra + (calls - 1) * timing.restart
 
     @property
     def projected_seconds(self):
@@ -260,11 +274,18 @@ class Report:
         lines.append(speed + f" ({self.sequences_per_step:,} sequences a step)")
         lines.append(f"  model FLOPs: {self.flops_line()}")
         if self.evaluation is not None:
-            timing = self.evaluation_timing
+            timing, evaluation = self.evaluation_timing, self.evaluation
+            each = f"{evaluation.batches:,} batches"
+            if evaluation.other_batches:  # several validation sets, each scored every time
+                batches = (evaluation.batches, *evaluation.other_batches)
+                each = (
+                    f"{evaluation.sets} validation sets, {evaluation.batches_each:,} batches "
+                    f"({' + '.join(f'{count:,}' for count in batches)}), the first set's pace"
+                )
             lines.append(
                 f"  evaluation: first batch {timing.first:.1f} s (compile), then "
                 f"{timing.mean:.4f} s a batch (mean of {timing.timed}, ± {timing.spread:.4f}); "
-                f"{self.evaluation.count:,} evaluations of {self.evaluation.batches:,} batches"
+                f"{evaluation.count:,} evaluations of {each}"
             )
         lines.append(f"  peak memory: {self.memory.line()}")
         lines.extend(self.projection_lines())
@@ -364,7 +385,10 @@ def preflight(
         evaluation_timing = None
         if evaluation is not None:
             evaluation_timing = time_evaluation(
-                trainer, evaluation.dataset, evaluation.batches, restart=evaluation.count > 1
+                trainer,
+                evaluation.dataset,
+                evaluation.batches,
+                restart=evaluation.count * evaluation.sets > 1,
             )
     except Exception as error:
         if not out_of_memory(error):
@@ -766,7 +790,8 @@ def preflight_masked_lm(
     if evaluation is not None:  # one at every fit() epoch end, and a parent's before step 1
         count = segments.evaluation_count(total_steps, cadence, phase_end)
         count += origin.evaluates_first  # continued pretraining
-        run_evaluation = Evaluation(evaluation.dataset, evaluation.batches, count)
+        others = tuple(evaluation_set.batches for evaluation_set in evaluation.sets[1:])
+        run_evaluation = Evaluation(evaluation.dataset, evaluation.batches, count, others)
     advice = lower_the_batch(
         speed.per_replica_batch_size,
         max_length,

@@ -183,6 +183,37 @@ def read_training_manifests(train_dataset, eval_dataset, named_tokenizer):
     return train, evaluation
 
 
+def read_evaluation_manifests(evaluation_sets, train_manifest, named_tokenizer):
+    """The manifests of several --eval_dataset sets (mixture.EvaluationSet each), in order, each
+    checked as read_training_manifests checks the one evaluation split: written with this
+    tokenizer (a contract.NamedTokenizer), at the training shards' length (`train_manifest`'s),
+    every shard whole. A set that does not match is refused in one line that names it."""
+    tokenizer = named_tokenizer.tokenizer
+    fingerprint = vocabulary_fingerprint(tokenizer)
+    flags = [f"--eval_dataset ({evaluation_set.name})" for evaluation_set in evaluation_sets]
+    manifests = []
+    for evaluation_set, flag in zip(evaluation_sets, flags):
+        manifest = read_manifest(evaluation_set.path, flag)
+        check_vocabulary(manifest, flag, fingerprint, named_tokenizer.name, named_tokenizer.flag)
+        if manifest["vocab_size"] != len(tokenizer):
+            raise UsageError(
+                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
+                f"tokens, but {named_tokenizer.flag} has {len(tokenizer)}; pass the tokenizer the "
+                "shards were made with."
+            )
+        if manifest["max_length"] != train_manifest["max_length"]:
+            raise UsageError(
+                f"{flag} {evaluation_set.path} has shards of max_length "
+                f"{manifest['max_length']} but the train shards have "
+                f"{train_manifest['max_length']}; rewrite it with prepare_tfrecord_shards.py "
+                f"--max_length {train_manifest['max_length']}, as the training shards."
+            )
+        manifests.append(manifest)
+    for flag, manifest in zip(flags, manifests):  # the costly look at every shard, last
+        check_shards(manifest, flag, len(tokenizer))
+    return manifests
+
+
 def check_max_length(max_length, train_manifest, train_dataset):
     """The shards' sequence length; run_mlm.py's --max_length, when given, must be it (the shards
     are read as sequences of the length their manifest records)."""

@@ -297,8 +297,9 @@ def read_scalars(log_dir):
     return scalars
 
 
-def plot_curves(log_dir, path):
-    """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or gs://)."""
+def plot_curves(log_dir, path, names=()):
+    """Training and evaluation loss and accuracy at [MASK] against the step, as a PNG (local or
+    gs://); with several validation sets (`names`), a line for each."""
     # matplotlib starts only for the curves, at the end of a run
     import matplotlib
 
@@ -307,9 +308,14 @@ def plot_curves(log_dir, path):
 
     scalars = read_scalars(log_dir)
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4))
-    for prefix, label, style in (("train", "training", "-"), ("eval", "evaluation", "o-")):
+    lines = [("train/", "training", "-")]
+    if names:  # each set's own scalars: eval/<name>_loss, ...
+        lines += [(f"eval/{name}_", f"evaluation: {name}", "o-") for name in names]
+    else:
+        lines.append(("eval/", "evaluation", "o-"))
+    for prefix, label, style in lines:
         for axes, name in ((loss_axes, "loss"), (accuracy_axes, "mask_token_accuracy")):
-            points = sorted(scalars.get(f"{prefix}/{name}", {}).items())
+            points = sorted(scalars.get(f"{prefix}{name}", {}).items())
             if points:
                 axes.plot(*zip(*points), style, label=label)
     loss_axes.set(title="masked-LM loss", xlabel="optimizer step", ylabel="cross-entropy")
@@ -327,8 +333,9 @@ def plot_curves(log_dir, path):
         file.write(image.getvalue())
 
 
-def summary_line(steps, tokens_per_step, logs, minutes):
-    """One line that says how the run ended, with the evaluation figures if there were any."""
+def summary_line(steps, tokens_per_step, logs, minutes, names=()):
+    """One line that says how the run ended, with the evaluation figures if there were any (with
+    several validation sets, `names`, each one's loss after the first's figures)."""
     parts = [f"{steps:,} steps", f"{steps * tokens_per_step:,} tokens seen"]
     final = {name: values[-1] for name, values in logs.items() if values}
     if "val_loss" in final:
@@ -337,6 +344,11 @@ def summary_line(steps, tokens_per_step, logs, minutes):
             f"perplexity {final['val_perplexity']:.2f}",
             f"masked accuracy {final['val_masked_accuracy']:.4f}",
             f"accuracy at [MASK] {final['val_mask_token_accuracy']:.4f}",
+        ]
+        parts += [
+            f"{name} eval loss {final[f'val_{name}_loss']:.4f}"
+            for name in names
+            if f"val_{name}_loss" in final
         ]
     elif "loss" in final:
         parts.append(f"train loss {final['loss']:.4f} (no --eval_dataset)")

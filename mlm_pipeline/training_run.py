@@ -13,7 +13,16 @@ from typing import Optional
 
 import tensorflow as tf
 
-from . import checkpoints, hosts, masked_lm_model, model_card, segments, shard_checks, training_logs
+from . import (
+    checkpoints,
+    hosts,
+    masked_lm_model,
+    model_card,
+    segments,
+    shard_checks,
+    training_logs,
+    validation_sets,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +196,9 @@ class TrainingRun:
             f"{logs['val_perplexity']:.2f}, accuracy at [MASK] "
             f"{logs['val_mask_token_accuracy']:.4f}."
         )
+        if evaluation.sets:  # several validation sets: each one, by its name
+            logs.update(validation_sets.evaluate_sets(trainer, evaluation.sets, logs))
+            print(f"Before the first step, {validation_sets.figures_line(logs, evaluation.names)}.")
         if self.chief:
             training_logs.write_baseline(self.output_dir, logs)
 
@@ -218,8 +230,14 @@ class TrainingRun:
         row of training_log.csv, written once its checkpoint is saved, and a Hub snapshot pushed in
         the background.
         """
-        # the epoch summary first: it completes the epoch's logs the others read
-        callbacks = [training_logs.EpochSummary()] if self.chief else []
+        # the other validation sets first, on every worker (their evaluation is collective), then
+        # the epoch summary: they complete the epoch's logs the others read
+        evaluation = self.schedule.evaluation
+        callbacks = []
+        if evaluation is not None and evaluation.sets:
+            callbacks.append(validation_sets.EvaluateEverySet(evaluation.sets))
+        if self.chief:
+            callbacks.append(training_logs.EpochSummary())
         if started.pusher is not None:
             from .hub_pusher import PushAtEpochEnd  # imported with the pusher
 
@@ -250,9 +268,10 @@ class TrainingRun:
             training_logs.training_log_path(self.output_dir)
         )
         final_card = self.card(trainer, {key: values[-1] for key, values in logs.items()})
-        model_card.add_card_and_curves(self.output_dir, final_card)
+        names = self.schedule.evaluation.names if self.schedule.evaluation else ()
+        model_card.add_card_and_curves(self.output_dir, final_card, names)
         minutes = (time.perf_counter() - started.clock) / 60
-        summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes)
+        summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes, names)
         resumed = f" (resumed at step {started.start_step})" if started.start_step else ""
         print(summary + resumed)
         if started.pusher is not None:
