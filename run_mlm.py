@@ -352,7 +352,8 @@ class Output:
     )
     average_last: Optional[int] = setting(
         "Hand on the average of the weights of the run's last K checkpoints (the final one "
-        "included), evaluated like it; the last step's own model is saved beside it.",
+        "included), evaluated like it; the last step's own model is saved beside it, in "
+        "last_step/. Keeps max(--save_total_limit, K) checkpoints.",
         type=positive_int,
     )
 
@@ -434,7 +435,14 @@ def main(settings, callbacks=()):
     check_paths(settings)  # a path or output folder that cannot work is one line, before any work
     # The engine: TensorFlow loads here, after the front's checks (its start-up log held back).
     with tf_startup.tensorflow_startup_log_held_back():
-        from mlm_pipeline import hosts, masked_lm_data, masked_lm_model, preflight, training_run
+        from mlm_pipeline import (
+            averaging,
+            hosts,
+            masked_lm_data,
+            masked_lm_model,
+            preflight,
+            training_run,
+        )
 
     origin = masked_lm_model.origin_of(settings.model)  # from scratch, or the parent's weights
     strategy = hosts.build_strategy(settings.hardware)
@@ -449,6 +457,8 @@ def main(settings, callbacks=()):
     )
     total_steps = steps.total_steps(train_plan.steps_per_epoch)
     short_steps, pieces = masked_lm_data.sequence_length_warmup(max_length, total_steps, masking)
+    # --average_last K: a run that saves fewer than K checkpoints refused now
+    averaging.check_enough_checkpoints(settings, train_plan, total_steps, short_steps)
     train_dataset_from = masked_lm_data.training_stream(  # the batches from a step on
         strategy, train_plan, tokenizer, max_length, masking, short_steps, pieces
     )
@@ -490,10 +500,12 @@ def main(settings, callbacks=()):
     started = run.start(masked_lm, trainer.optimizer)  # the folder ready, the checkpoint restored
     run.evaluate_first(trainer, started)  # a parent: where it stands on this text
     logs = run.train(trainer, train_dataset_from, started, callbacks)  # fit(), in segments
+    # --average_last: the last step's model put aside in last_step/, the average in its place
+    averaged = run.average_checkpoints(trainer)
     if run.chief:  # one process writes the model: staged, then published with config.json last
         with model_folder.staging(output.output_dir) as folder:
             save(folder, masked_lm)
-    return trainer, run.finish(trainer, logs, started)
+    return trainer, run.finish(trainer, logs, started, averaged)
 
 
 if __name__ == "__main__":

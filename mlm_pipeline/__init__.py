@@ -90,6 +90,8 @@ against the imports.
                                 and fit() calls of fixed shape
     training_logs          3 4  fit()'s progress display; TensorBoard scalars, the CSV log, the
                                 curves PNG, the summary line
+    averaging              3    --average_last: the mean of the last checkpoints' weights handed
+                                on, the last step's model beside it; too few refused before work
     model_card             3    run_mlm.py's model card, written with the curves beside the model
     hub_pusher             3    run_mlm.py's Hub pushes: a snapshot at each evaluation in the
                                 background, the final model last

@@ -24,6 +24,7 @@ from .contract import (
     CHECKPOINT_DIR,
     CURVES_NAME,
     FINISHED_RUN_MARKER,
+    LAST_STEP_DIR,
     MODEL_CARD_NAME,
     PYTORCH_DIR,
     RUN_SETTINGS_NAME,
@@ -89,11 +90,12 @@ def prepare_output_dir(output_dir, overwrite_output_dir, settings, plan=None):
             if tf.io.gfile.exists(f"{output_dir}/{name}"):
                 tf.io.gfile.remove(f"{output_dir}/{name}")
         # The PyTorch copy too: a run with --no_pytorch_export must not leave
-        # the replaced model's behind.
+        # the replaced model's behind; nor one without --average_last its last_step/.
         for old_folder in (
             folder,
             f"{output_dir}/{TENSORBOARD_DIR}",
             f"{output_dir}/{PYTORCH_DIR}",
+            f"{output_dir}/{LAST_STEP_DIR}",
         ):
             if tf.io.gfile.exists(old_folder):
                 tf.io.gfile.rmtree(old_folder)

@@ -8,7 +8,8 @@ next reads it.
            "input_ids", int64 x max_length), then SHARDS/S/manifest.json
     run_mlm.py --train_dataset SHARDS/train --tokenizer TOK --output_dir MODEL
         -> MODEL/config.json (last), tf_model.h5, tokenizer files, pytorch/, README.md,
-           training_log.csv, training_curves.png, logs/, checkpoints/
+           training_log.csv, training_curves.png, logs/, checkpoints/ (--average_last: the
+           average of the last checkpoints, and last_step/ the last step's own model folder)
 
 The writer (prepare) and the readers (run_mlm, the benchmarks, the tests) take every name and key
 from here; run_mlm.py checks the shards it reads with shard_checks.py.
@@ -86,6 +87,7 @@ TENSORBOARD_DIR = "logs"  # `tensorboard --logdir <output_dir>/logs`
 CURVES_NAME = "training_curves.png"
 MODEL_CARD_NAME = "README.md"
 PYTORCH_DIR = "pytorch"  # the PyTorch copy: a folder of its own that transformers 5 loads
+LAST_STEP_DIR = "last_step"  # --average_last: the last step's own model, beside the average
 
 # --- a published model's weights, as transformers names them (run_mlm.py writes the first and, in
 # PYTORCH_DIR, the third); a folder may hold any of them, preferred in this order

@@ -8,7 +8,7 @@ The metadata block and the public names of the folders the run used come from ca
 
 from . import mixture, segments, training_logs
 from .cards import metadata_block, model_name, public_name
-from .contract import CURVES_NAME, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
+from .contract import CURVES_NAME, LAST_STEP_DIR, MODEL_CARD_NAME, PYTORCH_DIR, TENSORBOARD_DIR
 from .file_writes import write_whole
 from .storage import is_remote
 
@@ -59,7 +59,9 @@ fill_mask = pipeline("fill-mask", model=model, tokenizer=tokenizer)
 ```"""
 
 
-def model_card(settings, config, tokenizer, manifests, schedule, trainer, metrics, *, origin):
+def model_card(
+    settings, config, tokenizer, manifests, schedule, trainer, metrics, *, origin, averaged=None
+):
     """run_mlm.py's model card (README.md): what the model is, its data, its settings and its
     results so far.
 
@@ -72,7 +74,8 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
     them: loss, masked_accuracy, ... and their val_ twins (val_<name>_loss, ... of several sets).
     `origin`: where the weights started (masked_lm_model.Scratch or pretrained_model.Parent): its
     card tag, its words for the introduction, and its Hub id, the Hub's link to the model continued
-    (None for a model pretrained from scratch or continued from a folder).
+    (None for a model pretrained from scratch or continued from a folder). `averaged`: what
+    --average_last did (averaging.Averaged), when the model is the average of the last checkpoints.
     """
     data, output = settings.data, settings.output
     train_manifest, eval_manifest = manifests[0], manifests[1]
@@ -95,7 +98,8 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
             config, mask, global_batch_size, max_length, schedule, settings
         ),
         results=results(metrics, steps, steps * global_batch_size * max_length, mask)
-        + validation_sets(metrics, data, mask),
+        + validation_sets(metrics, data, mask)
+        + averaged_checkpoints(averaged, mask),
         evaluation_note=evaluation_note(eval_manifest),
     )
 
@@ -334,6 +338,39 @@ def validation_sets(metrics, data, mask):
         f"\n\nEach validation set at the latest evaluation; the evaluation column above is the "
         f"first set's, `{names[0]}`.\n\n{markdown_table(header, rows)}"
     )
+
+
+def averaged_checkpoints(averaged, mask):
+    """With --average_last: which model this folder holds (the average, not the last step's, whose
+    figures the table above gives), the steps averaged, and both models' evaluation figures."""
+    if averaged is None:
+        return ""
+    text = (
+        f"\n\nThis folder holds the model the run hands on: the average of the weights of "
+        f"{averaged.which()}, saved after steps {averaged.steps_text()} (`--average_last "
+        f"{averaged.average_last}`). The last step's own model is in `{LAST_STEP_DIR}/`; the "
+        "evaluation figures above are the last step's."
+    )
+    if averaged.average is None:
+        return text + " Neither model was evaluated: no evaluation shards were given."
+
+    def figures(logs):
+        return [f"{logs['loss']:.4f}", f"{100 * logs['mask_token_accuracy']:.2f}%"]
+
+    models = [
+        (f"average of {len(averaged.steps)} checkpoints (this folder)", averaged.average),
+        (f"last step (`{LAST_STEP_DIR}/`)", averaged.last_step),
+    ]
+    if "sets" in averaged.average:  # several validation sets: a row a model and set
+        rows = [
+            [f"{model}, `{name}`", *figures(logs["sets"][name])]
+            for model, logs in models
+            for name in logs["sets"]
+        ]
+    else:
+        rows = [[model, *figures(logs)] for model, logs in models]
+    table = markdown_table(["model", "eval masked-LM loss", f"eval accuracy at `{mask}`"], rows)
+    return f"{text}\n\n{table}"
 
 
 def evaluation_note(eval_manifest):

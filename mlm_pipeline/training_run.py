@@ -14,10 +14,12 @@ from typing import Optional
 import tensorflow as tf
 
 from . import (
+    averaging,
     checkpoints,
     hosts,
     masked_lm_model,
     model_card,
+    model_folder,
     segments,
     shard_checks,
     training_logs,
@@ -143,7 +145,9 @@ class TrainingRun:
             self.output_dir,
             masked_lm,
             optimizer,
-            keep=self.steps.save_total_limit,
+            keep=averaging.checkpoints_kept(
+                self.steps.save_total_limit, self.settings.output.average_last
+            ),
             chief=self.chief,
         )
         replicas, batch = self.plan.replicas, self.plan.global_batch_size
@@ -255,9 +259,39 @@ class TrainingRun:
         )
         return callbacks
 
-    def finish(self, trainer, logs, started):
+    def average_checkpoints(self, trainer):
+        """--average_last K, after the last step (None without it): the last step's model saved in
+        <output_dir>/last_step by the chief, then the mean of the weights of the run's newest K
+        checkpoints put in its place in `trainer.masked_lm`, for run_mlm.py to save as the model
+        the run hands on; both evaluated. Every worker reads the chief's checkpoints (as a resumed
+        run does) and evaluates, which takes them all; returns what was done (averaging.Averaged).
+        """
+        average_last = self.settings.output.average_last
+        if not average_last:
+            return None
+        hosts.wait_for_every_worker(self.strategy)  # the chief's last checkpoint is written
+        paths = averaging.last_checkpoints(
+            checkpoints.checkpoint_dir(self.output_dir), average_last
+        )
+        last_step = averaging.evaluate(trainer, self.schedule.evaluation)
+        if self.chief:  # a model folder of its own, config.json last
+            folder = f"{self.output_dir.rstrip('/')}/{averaging.LAST_STEP_DIR}"
+            with model_folder.staging(folder) as staged:
+                self.save_model(staged, trainer.masked_lm)
+        averaging.average_into(trainer.masked_lm, paths)
+        averaged = averaging.Averaged(
+            average_last,
+            tuple(averaging.step_of(path) for path in paths),
+            average=averaging.evaluate(trainer, self.schedule.evaluation),
+            last_step=last_step,
+        )
+        print(averaged.line(self.output_dir))
+        return averaged
+
+    def finish(self, trainer, logs, started, averaged=None):
         """After fit() and the chief's save: the card and curves beside the model, a summary line,
-        the final Hub push; a worker removes its scratch checkpoints. Returns the final logs."""
+        the final Hub push; a worker removes its scratch checkpoints. Returns the final logs.
+        `averaged`: what average_checkpoints() did, for the card (None: the last step's model)."""
         steps = int(trainer.optimizer.iterations.numpy())
         if not self.chief:
             tf.io.gfile.rmtree(started.manager.directory)
@@ -267,7 +301,8 @@ class TrainingRun:
         logs = logs or training_logs.last_logged_epoch(
             training_logs.training_log_path(self.output_dir)
         )
-        final_card = self.card(trainer, {key: values[-1] for key, values in logs.items()})
+        metrics = {key: values[-1] for key, values in logs.items()}
+        final_card = self.card(trainer, metrics, averaged=averaged)
         names = self.schedule.evaluation.names if self.schedule.evaluation else ()
         model_card.add_card_and_curves(self.output_dir, final_card, names)
         minutes = (time.perf_counter() - started.clock) / 60

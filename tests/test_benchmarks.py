@@ -79,6 +79,16 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             assert_row(output, variant, figures=5)
         assert re.search(r"Input pipeline alone: [\d,]+ sequences/s .* \*\*\d+x\*\*", output)
 
+    def average_checkpoints(output):
+        rows = {}
+        for last in ("1", "2"):  # steps, then val loss and accuracy at [MASK]
+            assert_row(output, last, figures=2)
+            line = next(line for line in output.splitlines() if line.startswith(f"| {last} |"))
+            rows[last] = line.split("|")[3].strip()
+        # scored as the run scored its average of 2 and its last step
+        assert f"eval loss {rows['2']}, accuracy" in output, output
+        assert f"the last step alone: eval loss {rows['1']}," in output, output
+
     def recipe_curve(output):
         for step in ("2", "4"):
             assert_row(output, step, figures=5)
@@ -172,6 +182,12 @@ def smallest_settings(corpus, tokenizer_dir, shards_dir, tiny_model, pretrained,
             ["--", *run_mlm, "--eval_dataset", validation, "--output_dir", tmp_path / "model"]
             + ["--max_steps", 30, "--per_replica_batch_size", 8],
             preflight_projection,
+        ),
+        "average_checkpoints.py": (
+            ["--last", 1, 2, "--", *run_mlm, "--eval_dataset", validation]
+            + ["--output_dir", tmp_path / "averaged", "--max_steps", 4, "--save_steps", 2]
+            + ["--per_replica_batch_size", 8, "--average_last", 2],
+            average_checkpoints,
         ),
         "recipe_curve.py": (
             ["--eval_every", 2, "--output_json", curve, "--", *run_mlm]

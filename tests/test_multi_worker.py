@@ -103,6 +103,7 @@ def cluster(equal_shards, shards_dir, tokenizer_dir, tiny_model, tmp_path_factor
         per_replica_batch_size=PER_REPLICA,
         num_epochs=EPOCHS,
         save_steps=10,
+        average_last=2,  # every worker averages the chief's checkpoints and evaluates the average
     )
     workers = []
     for index in range(2):
@@ -147,6 +148,9 @@ def test_the_workers_train_in_lockstep(cluster):
     steps = EPOCHS * SHARD_SIZE // PER_REPLICA
     assert f"Finished: {steps:,} steps" in cluster["logs"][0]
     assert f"Worker done after {steps} steps" in cluster["logs"][1]
+    # the weights compared are the average's, made alike on both (the chief's last two checkpoints)
+    for log in cluster["logs"]:
+        assert f"Averaged the weights of the last 2 checkpoints, steps 40 and {steps}:" in log
 
 
 def test_together_the_workers_see_every_sequence_once_per_epoch(
@@ -176,6 +180,7 @@ def test_the_chief_alone_writes(cluster):
     assert "checkpoint" in checkpoints and any(name.startswith("ckpt-") for name in checkpoints)
     # one event file: the chief's
     assert len(list((model / contract.TENSORBOARD_DIR).iterdir())) == 1
+    assert (model / contract.LAST_STEP_DIR / "config.json").is_file()  # --average_last
     # The other worker saved its checkpoints into a scratch folder of its own
     # and removed it at the end.
     assert list((folder / "tmp1").iterdir()) == []
