@@ -222,26 +222,20 @@ def build_mixture_dataset(
     """One host's input pipeline of a mixture of training folders: for each folder, its `files`
     (its `records` sequences), an endless stream of its own epochs, read in an order and shuffled in
     blocks with stateless seeds as build_dataset does; each sequence of the mixed stream drawn from
-    folder i with probability `weights`[i]. Sequence k's folder is drawn from (seed, k), so the
-    stream from batch `start_batch` on is the tail of the stream from batch 0: each folder starts
-    where the draws before that batch (counted again) left it. Batch b is masked with (seed, b);
+    folder i with probability `weights`[i]. Sequence k's folder is drawn from the seed and k alone
+    (mixture_draws, DRAW_CHUNK sequences a draw), so the stream from batch `start_batch` on is the
+    tail of the stream from batch 0: each folder starts where the draws before that batch (counted
+    again) left it. Batch b is masked with (seed, b);
     `pieces`: the sequence-length warmup's, as in build_dataset."""
     del training  # a mixture trains; the evaluation reads its folder with build_dataset
     tables = token_tables(tokenizer, masking, training=True)
     base_seed = tf.constant([masking.seed, MIXTURE_STREAM], dtype=tf.int64)
     if pipeline:  # each host draws its own
         base_seed = tf.random.experimental.stateless_fold_in(base_seed, pipeline)
-    bounds = tf.constant(list(itertools.accumulate(weights))[:-1], dtype=tf.float64)
     draw_seed = folded_seed(base_seed, DRAWS)
-
-    def chunk_draws(chunk):  # the folder of each of the chunk's DRAW_CHUNK sequences
-        uniform = tf.random.stateless_uniform(
-            [DRAW_CHUNK], folded_seed(draw_seed, chunk), 0, 1, tf.float64
-        )
-        return tf.searchsorted(bounds, uniform, side="right", out_type=tf.int64)
-
+    chunk_draws = functools.partial(mixture_draws, draw_seed, weights)
     start_sequence = start_batch * batch_size
-    drawn = draws_before(chunk_draws, start_sequence, len(weights))
+    drawn = draws_before(draw_seed, weights, start_sequence)
     streams = [
         folder_stream(
             folder_files,
@@ -273,19 +267,31 @@ def build_mixture_dataset(
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def draws_before(chunk_draws, sequences, folders):
-    """How many of the first `sequences` of a mixed stream were drawn from each of its `folders`
-    (`chunk_draws(c)`: the folders of chunk c's DRAW_CHUNK sequences), as a vector of int64."""
+def mixture_draws(seed, weights, chunk):
+    """The folder of each of the DRAW_CHUNK sequences of chunk `chunk` of a mixed stream, drawn
+    from (`seed`, `chunk`): folder i with probability `weights`[i]."""
+    bounds = tf.constant(list(itertools.accumulate(weights))[:-1], dtype=tf.float64)
+    uniform = tf.random.stateless_uniform(
+        [DRAW_CHUNK], folded_seed(seed, chunk), minval=0, maxval=1, dtype=tf.float64
+    )
+    return tf.searchsorted(bounds, uniform, side="right", out_type=tf.int64)
+
+
+def draws_before(seed, weights, sequences):
+    """How many of the first `sequences` of a mixed stream (mixture_draws from `seed` by
+    `weights`) were drawn from each folder, as a vector of int64."""
     whole, rest = divmod(sequences, DRAW_CHUNK)
+    folders = len(weights)
 
     def counted(draws):
         return tf.math.bincount(draws, minlength=folders, maxlength=folders, dtype=tf.int64)
 
     counts = tf.data.Dataset.range(whole).map(
-        lambda chunk: counted(chunk_draws(chunk)), num_parallel_calls=tf.data.AUTOTUNE
+        lambda chunk: counted(mixture_draws(seed, weights, chunk)),
+        num_parallel_calls=tf.data.AUTOTUNE,
     )
     total = counts.reduce(tf.zeros([folders], tf.int64), lambda total, count: total + count)
-    return total + counted(chunk_draws(tf.constant(whole, tf.int64))[:rest])
+    return total + counted(mixture_draws(seed, weights, tf.constant(whole, tf.int64))[:rest])
 
 
 def folder_stream(files, records, seed, start, shuffle_buffer_size):

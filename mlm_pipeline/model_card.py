@@ -85,7 +85,7 @@ def model_card(settings, config, tokenizer, manifests, schedule, trainer, metric
         introduction=introduction(
             config,
             trainer.masked_lm.count_params(),
-            origin.card_origin(training_text(train_manifest, data)),
+            origin.card_origin(training_text(train_manifest, data, schedule.plan.mixture)),
         ),
         status=status(steps, total_steps=schedule.total_steps),
         usage=usage(output.hub_model_id or public_name(output.output_dir), mask),
@@ -110,11 +110,15 @@ def front_matter(config, origin):
     )
 
 
-def training_text(train_manifest, data):
-    """The text the model was trained on: the shards' source, else their folder; a mixture's
-    folders."""
-    if len(data.train_dataset) > 1:
-        return "a mixture of " + ", ".join(f"`{public_name(f)}`" for f in data.train_dataset)
+def training_text(train_manifest, data, mixture_of=None):
+    """The text the model was trained on: the shards' source, else their folder; a mixture's,
+    each folder's (`mixture_of`, a mixture.Mixture)."""
+    if mixture_of is not None:
+        texts = [
+            f"`{public_name(manifest.get('source')) or public_name(folder)}`"
+            for folder, manifest in zip(mixture_of.folders, mixture_of.manifests)
+        ]
+        return "a mixture of " + ", ".join(texts)
     return public_name(train_manifest.get("source")) or public_name(data.train_dataset[0])
 
 
