@@ -451,9 +451,14 @@ def main(settings, callbacks=()):
     named_tokenizer = masked_lm_data.load_tokenizer(data, settings.model, origin)
     tokenizer = named_tokenizer.tokenizer
     manifests, max_length = masked_lm_data.read_shards(data, masking, named_tokenizer, origin)
+    train_mixture = masked_lm_data.read_mixture(data, manifests[0], named_tokenizer)  # or None
     speed = settings.speed  # training accumulates --gradient_accumulation_steps batches a step
     train_plan, eval_plan = hosts.input_plans(
-        strategy, manifests, speed.per_replica_batch_size, speed.gradient_accumulation_steps
+        strategy,
+        manifests,
+        speed.per_replica_batch_size,
+        speed.gradient_accumulation_steps,
+        train_mixture,
     )
     total_steps = steps.total_steps(train_plan.steps_per_epoch)
     short_steps, pieces = masked_lm_data.sequence_length_warmup(max_length, total_steps, masking)

@@ -43,9 +43,13 @@ def checkpoint_dir(output_dir):
     return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
 
 
-def resume_settings(settings, origin, config, train_manifest, global_batch_size, total_steps):
+def resume_settings(
+    settings, origin, config, train_manifest, global_batch_size, total_steps, mixture=None
+):
     """What a checkpoint's step number means: resuming under other settings would continue another
-    run. The record run_settings.json holds, by name.
+    run. The record run_settings.json holds, by name. A `mixture` (mixture.Mixture) of several
+    training folders adds each folder, its sequences and its weight ("train_mixture"); one folder's
+    record stays as it always was, so that runs recorded before resume.
 
     From `origin` (masked_lm_model.Scratch or pretrained_model.Parent), the parent continued: its
     name as --model_name_or_path gave it, None from scratch. From run_mlm.py's `settings`, the
@@ -65,6 +69,11 @@ def resume_settings(settings, origin, config, train_manifest, global_batch_size,
         **dataclasses.asdict(settings.optimizer),
         "config": architecture,
     }
+    if mixture is not None:
+        settings["train_mixture"] = [
+            {"folder": folder, "records": records, "weight": weight}
+            for folder, records, weight in zip(mixture.folders, mixture.records, mixture.weights)
+        ]
     # as they read back from run_settings.json (JSON keys are strings)
     return json.loads(json.dumps(settings))
 

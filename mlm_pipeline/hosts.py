@@ -199,6 +199,9 @@ class InputPlan:
     step splits (masked_lm_model.accumulated_gradients); the evaluation's plan keeps N = 1.
     """
 
+    mixture = None  # one folder (MixturePlan: several)
+    epoch_meaning = "a pass over the data"  # the schedule line's words for an epoch
+
     def __init__(self, strategy, manifest, flag, per_replica_batch_size, accumulation_steps=1):
         self.replicas = strategy.num_replicas_in_sync
         self.per_replica_batch_size = per_replica_batch_size
@@ -239,14 +242,85 @@ class InputPlan:
         )
 
 
-def input_plans(strategy, manifests, per_replica_batch_size, accumulation_steps=1):
+@dataclasses.dataclass(frozen=True)
+class MixtureInput:
+    """What one host's input pipeline reads from a mixture of training folders: for each folder,
+    its own shard `files` of it and the sequences `records` they hold; `weights`, each folder's
+    probability of being drawn; `batch_size` sequences a batch; its number `pipeline` (for random
+    draws of its own); and the batches of its stream already trained (`start_batch`)."""
+
+    files: list
+    records: list
+    weights: tuple
+    batch_size: int
+    pipeline: int
+    start_batch: int
+
+
+class MixturePlan:
+    """InputPlan's counterpart for a mixture of training folders (mixture.Mixture): each host reads
+    shard files of its own of every folder (every pipelines-th one, as InputPlan splits a folder),
+    draws each sequence from one folder by the weights, and runs through each folder again, on its
+    own, whenever it has read it all; so every host's stream is endless and all take the same
+    steps. An epoch of a mixture is as many sequences as its folders hold together:
+    `steps_per_epoch` such global batches (when the run evaluates, and what --num_epochs counts).
+    The attributes the run reads are InputPlan's."""
+
+    def __init__(self, strategy, mixture, per_replica_batch_size, accumulation_steps=1):
+        self.mixture = mixture
+        self.replicas = strategy.num_replicas_in_sync
+        self.per_replica_batch_size = per_replica_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.global_batch_size = global_batch_size(
+            self.replicas, per_replica_batch_size, accumulation_steps
+        )
+        self.pipelines = input_pipeline_count(strategy)
+        self.epoch_meaning = (
+            f"as many sequences as the {len(mixture.folders)} --train_dataset folders hold together"
+        )
+        self.files, self.records = [], []  # [folder][pipeline]
+        for folder, manifest in zip(mixture.folders, mixture.manifests):
+            flag = f"--train_dataset {folder.rstrip('/')}"
+            files, _ = split_between_pipelines(manifest, flag, self.pipelines, 1)
+            shard_records = [shard["records"] for shard in manifest["shards"]]
+            self.files.append(files)
+            self.records.append(
+                [sum(shard_records[index :: self.pipelines]) for index in range(self.pipelines)]
+            )
+        self.steps_per_epoch = sum(mixture.records) // self.global_batch_size
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"the global batch of {self.global_batch_size} sequences is larger than the "
+                f"{sum(mixture.records)} sequences of the --train_dataset folders together; lower "
+                "--per_replica_batch_size or add data."
+            )
+
+    def pipeline_input(self, context, start_step=0):
+        """The MixtureInput of the pipeline `context` (a tf.distribute.InputContext) names, from
+        optimizer step `start_step` on: each step, one batch per replica of its host."""
+        per_pipeline = self.replicas // self.pipelines
+        pipeline = context.input_pipeline_id
+        return MixtureInput(
+            files=[files[pipeline] for files in self.files],
+            records=[records[pipeline] for records in self.records],
+            weights=self.mixture.weights,
+            batch_size=context.get_per_replica_batch_size(self.global_batch_size),
+            pipeline=pipeline,
+            start_batch=start_step * per_pipeline,
+        )
+
+
+def input_plans(strategy, manifests, per_replica_batch_size, accumulation_steps=1, mixture=None):
     """The InputPlans of the train and evaluation splits (None without evaluation shards); the
     training accumulates `accumulation_steps` batches a step, the evaluation scores one at a
-    time."""
+    time. With a `mixture` (mixture.Mixture) of training folders, its MixturePlan trains."""
     flags = ("--train_dataset", "--eval_dataset")
-    return [
+    plans = [
         InputPlan(strategy, manifest, flag, per_replica_batch_size, accumulation)
-        if manifest
+        if manifest and not (flag == "--train_dataset" and mixture)
         else None
         for manifest, flag, accumulation in zip(manifests, flags, (accumulation_steps, 1))
     ]
+    if mixture:
+        plans[0] = MixturePlan(strategy, mixture, per_replica_batch_size, accumulation_steps)
+    return plans

@@ -8,6 +8,7 @@ the evaluation scores the same masked positions at every evaluation and in every
 
 import dataclasses
 import functools
+import itertools
 import math
 
 import tensorflow as tf
@@ -51,6 +52,19 @@ def read_shards(data, masking, tokenizer, origin):
     max_length = shard_checks.check_max_length(data.max_length, manifests[0], data.train_dataset[0])
     origin.check_continuation(tokenizer.tokenizer, tokenizer.flag, max_length)
     return manifests, max_length
+
+
+def read_mixture(data, first_manifest, tokenizer):
+    """The mixture.Mixture of several --train_dataset folders, each one's manifest read and checked
+    as the first's was (`first_manifest`), and against it; its weights from --train_weights, else
+    --mixture_alpha. None for one folder, which trains as it always has."""
+    if len(data.train_dataset) == 1:
+        return None
+    manifests = shard_checks.read_mixture_manifests(data.train_dataset, first_manifest, tokenizer)
+    records = [manifest["records"] for manifest in manifests]
+    weights = mixture.mixture_weights(records, data.train_weights, data.mixture_alpha)
+    folders = tuple(folder.rstrip("/") for folder in data.train_dataset)
+    return mixture.Mixture(folders, tuple(manifests), weights)
 
 
 def sequence_length_warmup(max_length, total_steps, masking):
@@ -103,7 +117,8 @@ def distributed_dataset(
 
     def host_pipeline(context):
         host = plan.pipeline_input(context, start_step)  # its files, batch, place in the stream
-        return build_dataset(
+        build = build_mixture_dataset if training and plan.mixture else build_dataset
+        return build(
             **dataclasses.asdict(host),  # named as build_dataset's parameters
             training=training,
             tokenizer=tokenizer,
@@ -185,6 +200,131 @@ def build_dataset(
 
     dataset = dataset.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+# A mixture's stream draws from seeds of its own: [--seed, MIXTURE_STREAM], apart from one folder's
+# training (1) and evaluation (2) streams. In it, the folder of each sequence is drawn from
+# DRAWS, the masks of each batch from MASKS, and folder i's shuffles from FIRST_FOLDER + i.
+MIXTURE_STREAM, DRAWS, MASKS, FIRST_FOLDER = 3, 0, 1, 2
+
+# Sequences whose folders are drawn at once, from one seed: a resumed run counts the draws before
+# its step chunk by chunk, so chunks of thousands keep that count to a fraction of a second.
+DRAW_CHUNK = 4096
+
+
+def build_mixture_dataset(
+    files,
+    records,
+    weights,
+    batch_size,
+    *,
+    training,
+    tokenizer,
+    max_length,
+    masking,
+    start_batch=0,
+    pipeline=0,
+    pieces=1,
+):
+    """One host's input pipeline of a mixture of training folders: for each folder, its `files`
+    (its `records` sequences), an endless stream of its own epochs, read in an order and shuffled in
+    blocks with stateless seeds as build_dataset does; each sequence of the mixed stream drawn from
+    folder i with probability `weights`[i]. Sequence k's folder is drawn from the seed and k alone
+    (mixture_draws, DRAW_CHUNK sequences a draw), so the stream from batch `start_batch` on is the
+    tail of the stream from batch 0: each folder starts where the draws before that batch (counted
+    again) left it. Batch b is masked with (seed, b);
+    `pieces`: the sequence-length warmup's, as in build_dataset."""
+    del training  # a mixture trains; the evaluation reads its folder with build_dataset
+    tables = token_tables(tokenizer, masking, training=True)
+    base_seed = tf.constant([masking.seed, MIXTURE_STREAM], dtype=tf.int64)
+    if pipeline:  # each host draws its own
+        base_seed = tf.random.experimental.stateless_fold_in(base_seed, pipeline)
+    draw_seed = folded_seed(base_seed, DRAWS)
+    chunk_draws = functools.partial(mixture_draws, draw_seed, weights)
+    start_sequence = start_batch * batch_size
+    drawn = draws_before(draw_seed, weights, start_sequence)
+    streams = [
+        folder_stream(
+            folder_files,
+            folder_records,
+            folded_seed(base_seed, FIRST_FOLDER + number),
+            drawn[number],
+            masking.shuffle_buffer_size,
+        )
+        for number, (folder_files, folder_records) in enumerate(zip(files, records))
+    ]
+    start_chunk, into_chunk = divmod(start_sequence, DRAW_CHUNK)
+    choices = tf.data.Dataset.counter(start_chunk).flat_map(
+        lambda chunk: tf.data.Dataset.from_tensor_slices(chunk_draws(chunk))
+    )
+    mixed = tf.data.Dataset.choose_from_datasets(streams, choices.skip(into_chunk))
+    batches = mixed.batch(batch_size, drop_remainder=True).enumerate(start=start_batch)
+    features = contract.record_features(max_length)
+    mask_seed = folded_seed(base_seed, MASKS)
+
+    def parse_and_mask(index, serialized):
+        input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
+        input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks drawn per piece
+        masked_ids, positions, labels = mask_tokens(
+            input_ids, folded_seed(mask_seed, index), masking.train_probability, **tables
+        )
+        return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
+
+    dataset = batches.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def mixture_draws(seed, weights, chunk):
+    """The folder of each of the DRAW_CHUNK sequences of chunk `chunk` of a mixed stream, drawn
+    from (`seed`, `chunk`): folder i with probability `weights`[i]."""
+    bounds = tf.constant(list(itertools.accumulate(weights))[:-1], dtype=tf.float64)
+    uniform = tf.random.stateless_uniform(
+        [DRAW_CHUNK], folded_seed(seed, chunk), minval=0, maxval=1, dtype=tf.float64
+    )
+    return tf.searchsorted(bounds, uniform, side="right", out_type=tf.int64)
+
+
+def draws_before(seed, weights, sequences):
+    """How many of the first `sequences` of a mixed stream (mixture_draws from `seed` by
+    `weights`) were drawn from each folder, as a vector of int64."""
+    whole, rest = divmod(sequences, DRAW_CHUNK)
+    folders = len(weights)
+
+    def counted(draws):
+        return tf.math.bincount(draws, minlength=folders, maxlength=folders, dtype=tf.int64)
+
+    counts = tf.data.Dataset.range(whole).map(
+        lambda chunk: counted(mixture_draws(seed, weights, chunk)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    total = counts.reduce(tf.zeros([folders], tf.int64), lambda total, count: total + count)
+    return total + counted(mixture_draws(seed, weights, tf.constant(whole, tf.int64))[:rest])
+
+
+def folder_stream(files, records, seed, start, shuffle_buffer_size):
+    """One folder's sequences as a mixture reads them, endless: epoch e reads `files` (holding
+    `records` sequences) in an order drawn from (`seed`, e) and shuffles blocks of
+    `shuffle_buffer_size` with seeds from (`seed`, e, block), as build_dataset's training does;
+    from its `start`-th sequence on (a tensor)."""
+    files = tf.constant(files)
+    seed_for = functools.partial(folded_seed, seed)
+
+    def epoch_records(epoch):
+        order = tf.random.experimental.stateless_shuffle(files, seed_for(epoch, -1))
+        serialized = tf.data.Dataset.from_tensor_slices(order).interleave(
+            tf.data.TFRecordDataset,
+            cycle_length=min(len(files), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        blocks = serialized.batch(shuffle_buffer_size).enumerate()
+        return blocks.flat_map(
+            lambda block, serialized: tf.data.Dataset.from_tensor_slices(
+                tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
+            )
+        )
+
+    return tf.data.Dataset.counter(start // records).flat_map(epoch_records).skip(start % records)
 
 
 def folded_seed(seed, *numbers):

@@ -81,3 +81,80 @@ def paths_given(train_dataset, eval_dataset):
     for evaluation_set in sets[1:]:
         paths[f"--eval_dataset ({evaluation_set.name})"] = evaluation_set.path
     return paths
+
+
+# A source drawn more often than this many passes over its folder is named as repeated: mmBERT
+# reports its epochs per language, and past about four passes repeated text gains a model less
+# than new text would.
+REPEATED_PASSES = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """The training folders of a mixture, in --train_dataset's order: each `folders`[i], its
+    manifest `manifests`[i] (shard_checks.read_manifest's) and the probability `weights`[i] that a
+    sequence is drawn from it (normalised: they sum to 1)."""
+
+    folders: tuple
+    manifests: tuple
+    weights: tuple
+
+    @property
+    def records(self):
+        """Each folder's sequences, as its manifest counts them."""
+        return tuple(manifest["records"] for manifest in self.manifests)
+
+
+def mixture_weights(records, weights=None, alpha=1.0):
+    """Each folder's probability of being drawn: `weights` (--train_weights) normalised; without
+    them, each folder's sequence count `records` to the power `alpha` (--mixture_alpha), normalised:
+    1 draws by size (as if the folders were one), 0 every folder alike, between them flatter than by
+    size (XLM-R's alpha, mmBERT's temperature)."""
+    raw = weights if weights is not None else [count**alpha for count in records]
+    total = sum(raw)
+    return tuple(value / total for value in raw)
+
+
+def expected_sequences(weights, total_sequences):
+    """The sequences a run of `total_sequences` draws from each folder, in expectation."""
+    return tuple(weight * total_sequences for weight in weights)
+
+
+def passes(weights, records, total_sequences):
+    """How many times a run of `total_sequences` goes through each folder, in expectation: its
+    expected sequences over the sequences it holds."""
+    drawn = expected_sequences(weights, total_sequences)
+    return tuple(count / held for count, held in zip(drawn, records))
+
+
+def mixture_lines(mixture, total_steps, global_batch_size):
+    """The lines printed as a mixture's run starts (the log): each folder's share of the
+    sequences and its passes over its folder, in expectation, and a line for each folder repeated
+    more than REPEATED_PASSES times."""
+    total = total_steps * global_batch_size
+    drawn = expected_sequences(mixture.weights, total)
+    repeats = passes(mixture.weights, mixture.records, total)
+    lines = [
+        f"A mixture of {len(mixture.folders)} --train_dataset folders: each of the run's "
+        f"{total:,} sequences ({total_steps:,} steps x {global_batch_size:,}) is drawn from one "
+        "of them at random by its weight; in expectation:"
+    ]
+    for folder, weight, count, held, repeat in zip(
+        mixture.folders, mixture.weights, drawn, mixture.records, repeats
+    ):
+        lines.append(
+            f"  {folder}: {weight:.1%} of the sequences, about {count:,.0f} = {repeat:.2f} "
+            f"passes over its {held:,}"
+        )
+    lines += repeated_lines(mixture.folders, repeats)
+    return lines
+
+
+def repeated_lines(folders, repeats):
+    """A line for each folder the run goes through more than REPEATED_PASSES times."""
+    return [
+        f"{folder} is repeated {repeat:.1f} times, more than {REPEATED_PASSES}: repeated text "
+        "teaches less than new text; lower its weight or give it more text."
+        for folder, repeat in zip(folders, repeats)
+        if repeat > REPEATED_PASSES
+    ]

@@ -89,11 +89,11 @@ def model_card(
         introduction=introduction(
             config,
             trainer.masked_lm.count_params(),
-            origin.card_origin(training_text(train_manifest, data)),
+            origin.card_origin(training_text(train_manifest, data, schedule.plan.mixture)),
         ),
         status=status(steps, total_steps=schedule.total_steps),
         usage=usage(output.hub_model_id or public_name(output.output_dir), mask),
-        training_data=training_data(manifests, data, tokenizer),
+        training_data=training_data(manifests, data, tokenizer, schedule),
         training_procedure=training_procedure(
             config, mask, global_batch_size, max_length, schedule, settings
         ),
@@ -116,8 +116,15 @@ def front_matter(config, origin):
     )
 
 
-def training_text(train_manifest, data):
-    """The text the model was trained on: the shards' source, else their folder."""
+def training_text(train_manifest, data, mixture_of=None):
+    """The text the model was trained on: the shards' source, else their folder; a mixture's,
+    each folder's (`mixture_of`, a mixture.Mixture)."""
+    if mixture_of is not None:
+        texts = [
+            f"`{public_name(manifest.get('source')) or public_name(folder)}`"
+            for folder, manifest in zip(mixture_of.folders, mixture_of.manifests)
+        ]
+        return "a mixture of " + ", ".join(texts)
     return public_name(train_manifest.get("source")) or public_name(data.train_dataset[0])
 
 
@@ -156,18 +163,23 @@ def usage(where, mask):
     )
 
 
-def training_data(manifests, data, tokenizer):
-    """The shards of each split, then how their sequences were made."""
-    train_manifest, eval_manifest = manifests[0], manifests[1]
+def training_data(manifests, data, tokenizer, schedule):
+    """The shards of each split, then how their sequences were made; a mixture's folders one row
+    each, with its share of the sequences and the passes the run makes over it (mixture_data);
+    several validation sets one row each, by name."""
+    train_manifest = manifests[0]
+    mixture_of = schedule.plan.mixture
     splits = [("train", data.train_dataset[0], train_manifest)]
+    if mixture_of is not None:
+        splits = [("train", *source) for source in zip(mixture_of.folders, mixture_of.manifests)]
     evaluation_sets = mixture.evaluation_sets(data.eval_dataset)
     if len(evaluation_sets) > 1:  # each validation set by its name
         splits += [
             (f"evaluation ({one.name})", one.path, manifest)
             for one, manifest in zip(evaluation_sets, manifests[1:])
         ]
-    elif eval_manifest is not None:
-        splits.append(("evaluation", evaluation_sets[0].path, eval_manifest))
+    elif manifests[1] is not None:
+        splits.append(("evaluation", evaluation_sets[0].path, manifests[1]))
     rows = [
         [
             split,
@@ -184,8 +196,33 @@ def training_data(manifests, data, tokenizer):
         f"{train_manifest.get('packing', 'not recorded')}. Tokenizer: "
         f"`{public_name(tokenizer.name)}`, {len(tokenizer.tokenizer):,} tokens in its vocabulary."
     )
-    table = markdown_table(["split", "shards", "source", "sequences", "tokens"], rows)
+    header = ["split", "shards", "source", "sequences", "tokens"]
+    if mixture_of is not None:
+        header, rows, repeated = mixture_data(header, rows, mixture_of, schedule)
+        sequences = "\n\n".join([*repeated, sequences])
+    table = markdown_table(header, rows)
     return f"{table}\n\n{sequences}"
+
+
+def mixture_data(header, rows, mixture_of, schedule):
+    """The training data table of a mixture: each folder's share of the sequences and its passes
+    over it, in expectation (the folder of each sequence is drawn at random), "–" for the
+    evaluation; and the lines naming the folders repeated more than mixture.REPEATED_PASSES
+    times."""
+    total = schedule.total_steps * schedule.plan.global_batch_size
+    repeats = mixture.passes(mixture_of.weights, mixture_of.records, total)
+    shares = [f"{weight:.1%}" for weight in mixture_of.weights]
+    passes = [f"{repeat:.2f}" for repeat in repeats]
+    extra = list(zip(shares, passes)) + [("–", "–")] * (len(rows) - len(shares))
+    rows = [[*row, *more] for row, more in zip(rows, extra)]
+    header = [*header, "share of the sequences", "passes over it"]
+    note = (
+        f"The {len(mixture_of.folders)} training folders are a mixture: each of the run's "
+        f"{total:,} sequences is drawn from one of them at random by its weight, so the shares "
+        "and passes are expected values."
+    )
+    folders = [f"`{public_name(folder)}`" for folder in mixture_of.folders]
+    return header, rows, [note, *mixture.repeated_lines(folders, repeats)]
 
 
 def training_procedure(config, mask, global_batch_size, max_length, schedule, settings):

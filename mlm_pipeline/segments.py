@@ -23,15 +23,23 @@ def steps_in_epochs(total_steps, steps_per_epoch):
 
 
 def schedule_line(
-    start_step, total_steps, steps_per_epoch, steps_per_evaluation, *, phase_end=0, evaluates=True
+    start_step,
+    total_steps,
+    steps_per_epoch,
+    steps_per_evaluation,
+    *,
+    phase_end=0,
+    evaluates=True,
+    epoch="a pass over the data",
 ):
     """'An epoch (a pass over the data) is 650 steps; 1,500 steps = 2.31 epochs; first evaluation
     after step 200, then every 200 steps.': the run's length, and when it first shows how it is
     doing (a resumed run: next). `steps_per_evaluation`: --eval_steps, or `steps_per_epoch` when
     the run evaluates at every epoch end; `evaluates` False (no evaluation split): the rows of
-    training_log.csv come at the same steps."""
+    training_log.csv come at the same steps. `epoch`: what an epoch is (a mixture's: as many
+    sequences as its folders hold together)."""
     line = (
-        f"An epoch (a pass over the data) is {steps_per_epoch:,} steps; "
+        f"An epoch ({epoch}) is {steps_per_epoch:,} steps; "
         f"{steps_in_epochs(total_steps, steps_per_epoch)}"
     )
     calls = fit_segments(start_step, total_steps, steps_per_evaluation, phase_end)

@@ -214,6 +214,59 @@ def read_evaluation_manifests(evaluation_sets, train_manifest, named_tokenizer):
     return manifests
 
 
+def read_mixture_manifests(folders, first, named_tokenizer):
+    """The manifests of a mixture's --train_dataset `folders`, `first` (the first folder's, read and
+    checked by read_training_manifests) and each later one's, checked as the first was and against
+    it: the folders must share the tokenizer and the sequence length, since every batch mixes their
+    sequences. A folder that does not is refused in one line that names it and both values."""
+    tokenizer = named_tokenizer.tokenizer
+    manifests = [first]
+    for folder in folders[1:]:
+        manifest = read_manifest(folder, "--train_dataset")
+        check_same_shards(manifest, folder, first, folders[0])
+        flag = f"--train_dataset {folder.rstrip('/')}"
+        check_vocabulary(
+            manifest,
+            flag,
+            vocabulary_fingerprint(tokenizer),
+            named_tokenizer.name,
+            named_tokenizer.flag,
+        )
+        manifests.append(manifest)
+    for folder, manifest in zip(folders[1:], manifests[1:]):
+        check_shards(manifest, f"--train_dataset {folder.rstrip('/')}", len(tokenizer))
+    return manifests
+
+
+def check_same_shards(manifest, folder, first, first_folder):
+    """A later --train_dataset folder of a mixture holds sequences of the first folder's length,
+    written with its tokenizer (the same vocabulary; by its size alone in manifests from before
+    the vocabulary was recorded)."""
+    folder, first_folder = folder.rstrip("/"), first_folder.rstrip("/")
+    if manifest["max_length"] != first["max_length"]:
+        raise UsageError(
+            f"--train_dataset {folder} holds sequences of {manifest['max_length']} tokens, but "
+            f"{first_folder} of {first['max_length']}; a mixture's folders must share the length: "
+            f"rewrite one with prepare_tfrecord_shards.py --max_length {first['max_length']}."
+        )
+    fingerprints = manifest.get("vocabulary"), first.get("vocabulary")
+    differ = None not in fingerprints and fingerprints[0] != fingerprints[1]
+    if differ or manifest["vocab_size"] != first["vocab_size"]:
+        raise UsageError(
+            f"--train_dataset {folder} was written with the tokenizer "
+            f"{tokenizer_words(manifest)}, but {first_folder} with {tokenizer_words(first)}; a "
+            "mixture's folders must share the tokenizer: rewrite one with "
+            "prepare_tfrecord_shards.py --tokenizer_name_or_path and the other's tokenizer."
+        )
+
+
+def tokenizer_words(manifest):
+    """A manifest's tokenizer as its manifest records it: name, vocabulary and size."""
+    vocabulary = manifest.get("vocabulary")
+    fingerprint = f"vocabulary {vocabulary}, " if vocabulary else ""
+    return f"{manifest.get('tokenizer')!r} ({fingerprint}{manifest['vocab_size']:,} tokens)"
+
+
 def check_max_length(max_length, train_manifest, train_dataset):
     """The shards' sequence length; run_mlm.py's --max_length, when given, must be it (the shards
     are read as sequences of the length their manifest records)."""

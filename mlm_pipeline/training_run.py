@@ -18,6 +18,7 @@ from . import (
     checkpoints,
     hosts,
     masked_lm_model,
+    mixture,
     model_card,
     model_folder,
     segments,
@@ -106,6 +107,7 @@ class TrainingRun:
                 self.manifests[0],
                 self.plan.global_batch_size,
                 self.total_steps,
+                self.plan.mixture,
             )
             output = self.settings.output
             checkpoints.prepare_output_dir(
@@ -174,8 +176,14 @@ class TrainingRun:
                 self.steps_per_evaluation,
                 phase_end=self.schedule.phase_end,
                 evaluates=evaluation is not None,
+                epoch=self.plan.epoch_meaning,
             )
         )
+        if self.plan.mixture is not None:  # each folder's share and passes, in the log
+            lines = mixture.mixture_lines(
+                self.plan.mixture, self.total_steps, self.plan.global_batch_size
+            )
+            print("\n".join(lines))
         if evaluation is not None:
             print(evaluation.line)
         if not self.chief:
@@ -212,7 +220,10 @@ class TrainingRun:
         the run's callbacks and `callbacks`; a corrupt shard is named, with what to do. Returns
         fit()'s logs, joined across the calls."""
         evaluation, steps = self.schedule.evaluation, self.steps
-        with shard_checks.corrupt_shards_named(self.manifests, self.output_dir):
+        manifests = list(self.manifests)
+        if self.plan.mixture is not None:  # the mixture's later folders may be the corrupt one
+            manifests += self.plan.mixture.manifests[1:]
+        with shard_checks.corrupt_shards_named(manifests, self.output_dir):
             return masked_lm_model.fit_exact_steps(
                 trainer,
                 train_dataset_from,
