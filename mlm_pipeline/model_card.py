@@ -208,7 +208,8 @@ def mixture_data(header, rows, mixture_of, schedule):
     note = (
         f"The {len(mixture_of.folders)} training folders are a mixture: each of the run's "
         f"{total:,} sequences is drawn from one of them at random by its weight, so the shares "
-        "and passes are expected values."
+        "and passes are expected values. An epoch of the mixture is as many sequences as its "
+        "folders hold together."
     )
     folders = [f"`{public_name(folder)}`" for folder in mixture_of.folders]
     return header, rows, [note, *mixture.repeated_lines(folders, repeats)]

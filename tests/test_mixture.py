@@ -373,6 +373,7 @@ def test_a_mixture_with_beam_shards_says_each_share_and_resumes_only_as_itself(
             f"| {held:,} | {held * MAX_LENGTH:,} | {weight:.1%} | {weight * total / held:.2f} |"
             in card
         )
+    assert "An epoch of the mixture is as many sequences as its folders hold together." in card
     recorded = json.loads(
         (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
     )
