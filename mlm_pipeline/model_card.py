@@ -201,7 +201,7 @@ def mixture_data(header, rows, mixture_of, schedule):
     total = schedule.total_steps * schedule.plan.global_batch_size
     repeats = mixture.passes(mixture_of.weights, mixture_of.records, total)
     shares = [f"{weight:.1%}" for weight in mixture_of.weights]
-    passes = [f"{repeat:.2f}" for repeat in repeats]
+    passes = [mixture.passes_text(repeat) for repeat in repeats]
     extra = list(zip(shares, passes)) + [("–", "–")] * (len(rows) - len(shares))
     rows = [[*row, *more] for row, more in zip(rows, extra)]
     header = [*header, "share of the sequences", "passes over it"]
