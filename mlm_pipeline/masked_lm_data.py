@@ -112,8 +112,8 @@ def distributed_dataset(
     strategy, plan, *, training, tokenizer, max_length, masking, start_step=0, pieces=1
 ):
     """Every replica's masked batches from optimizer step `start_step` on: one input pipeline per
-    host (build_dataset), each reading shard files of its own and batched for its own replicas
-    (hosts.py's `plan`)."""
+    host (build_dataset; a mixture's training, build_mixture_dataset), each reading shard files of
+    its own and batched for its own replicas (hosts.py's `plan`)."""
 
     def host_pipeline(context):
         host = plan.pipeline_input(context, start_step)  # its files, batch, place in the stream

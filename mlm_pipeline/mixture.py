@@ -143,11 +143,17 @@ def mixture_lines(mixture, total_steps, global_batch_size):
         mixture.folders, mixture.weights, drawn, mixture.records, repeats
     ):
         lines.append(
-            f"  {folder}: {weight:.1%} of the sequences, about {count:,.0f} = {repeat:.2f} "
-            f"passes over its {held:,}"
+            f"  {folder}: {weight:.1%} of the sequences, about {count:,.0f} = "
+            f"{passes_text(repeat)} passes over its {held:,}"
         )
     lines += repeated_lines(mixture.folders, repeats)
     return lines
+
+
+def passes_text(repeat):
+    """Passes over a folder as the log and the card write them: two decimals, or two significant
+    digits below 0.01 (a short run over a large folder), so that no share reads as none."""
+    return f"{repeat:.2f}" if repeat >= 0.01 else f"{repeat:.2g}"
 
 
 def repeated_lines(folders, repeats):

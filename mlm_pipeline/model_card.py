@@ -212,14 +212,15 @@ def mixture_data(header, rows, mixture_of, schedule):
     total = schedule.total_steps * schedule.plan.global_batch_size
     repeats = mixture.passes(mixture_of.weights, mixture_of.records, total)
     shares = [f"{weight:.1%}" for weight in mixture_of.weights]
-    passes = [f"{repeat:.2f}" for repeat in repeats]
+    passes = [mixture.passes_text(repeat) for repeat in repeats]
     extra = list(zip(shares, passes)) + [("–", "–")] * (len(rows) - len(shares))
     rows = [[*row, *more] for row, more in zip(rows, extra)]
     header = [*header, "share of the sequences", "passes over it"]
     note = (
         f"The {len(mixture_of.folders)} training folders are a mixture: each of the run's "
         f"{total:,} sequences is drawn from one of them at random by its weight, so the shares "
-        "and passes are expected values."
+        "and passes are expected values. An epoch of the mixture is as many sequences as its "
+        "folders hold together."
     )
     folders = [f"`{public_name(folder)}`" for folder in mixture_of.folders]
     return header, rows, [note, *mixture.repeated_lines(folders, repeats)]

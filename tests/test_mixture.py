@@ -54,6 +54,7 @@ def test_shares_and_passes_follow_the_weights_and_a_repeated_source_is_named():
     assert "4,000 sequences (500 steps x 8)" in lines[0]
     assert lines[1] == "  big: 90.0% of the sequences, about 3,600 = 3.60 passes over its 1,000"
     assert lines[2] == "  small: 10.0% of the sequences, about 400 = 8.00 passes over its 50"
+    assert mixture.passes_text(0.004321) == "0.0043"  # a short run over a large folder
     # only the folder gone through more than REPEATED_PASSES times
     assert len(lines) == 4 and lines[3].startswith("small is repeated 8.0 times, more than 4")
 
@@ -373,6 +374,7 @@ def test_a_mixture_with_beam_shards_says_each_share_and_resumes_only_as_itself(
             f"| {held:,} | {held * MAX_LENGTH:,} | {weight:.1%} | {weight * total / held:.2f} |"
             in card
         )
+    assert "An epoch of the mixture is as many sequences as its folders hold together." in card
     recorded = json.loads(
         (output_dir / contract.CHECKPOINT_DIR / contract.RUN_SETTINGS_NAME).read_text()
     )
