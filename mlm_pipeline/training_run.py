@@ -193,8 +193,8 @@ class TrainingRun:
     def evaluate_first(self, trainer, started):
         """A start that evaluates first (a parent: where it stands on this text), started afresh
         with an evaluation split: the evaluation before the first step. Printed; on the chief, the
-        row of step 0 in training_log.csv and TensorBoard's eval scalars at step 0. Nothing
-        otherwise."""
+        row of step 0 in training_log.csv and TensorBoard's eval scalars at step 0; with several
+        validation sets, every one. Nothing otherwise."""
         evaluation = self.schedule.evaluation
         if not (self.origin.evaluates_first and evaluation and started.start_step == 0):
             return
@@ -243,7 +243,8 @@ class TrainingRun:
         the data, or --eval_steps steps: where the evaluation comes); TensorBoard scalars every
         --logging_steps steps and after each fit() epoch. On the chief alone: each fit() epoch as a
         row of training_log.csv, written once its checkpoint is saved, and a Hub snapshot pushed in
-        the background.
+        the background. With several validation sets, at every fit() epoch end the sets after the
+        first are scored too (validation_sets.EvaluateEverySet), on every worker.
         """
         # the other validation sets first, on every worker (their evaluation is collective), then
         # the epoch summary: they complete the epoch's logs the others read

@@ -199,7 +199,10 @@ def test_a_set_of_another_length_is_refused_in_one_line_naming_it(
 def test_the_preflight_counts_every_sets_batches(
     shards_dir, tokenizer_dir, domain, tmp_path, capsys
 ):
+    """Each set's own batches, --max_eval_samples cutting each one: here the domain set (134
+    sequences) to 12 batches of 8, the general one (87) whole."""
     general = shards_dir / "validation"
+    max_eval_samples = 96
     argv = run_flags(
         shards_dir,
         tokenizer_dir,
@@ -207,16 +210,21 @@ def test_the_preflight_counts_every_sets_batches(
         f"general={general}",
         f"domain={domain}",
         "--preflight",
+        max_eval_samples=max_eval_samples,
     )
     report = run_mlm.main(run_mlm.parse_args(argv))
     assert not (tmp_path / "model").exists()
     evaluation = report.evaluation
-    domain_records = json.loads((domain / contract.MANIFEST_NAME).read_text())["records"]
-    general_records = json.loads((general / contract.MANIFEST_NAME).read_text())["records"]
+
+    def batches_of(folder):
+        records = json.loads((folder / contract.MANIFEST_NAME).read_text())["records"]
+        return min(records, max_eval_samples) // BATCH_SIZE
+
     assert evaluation.count == STEPS // EVAL_STEPS
+    assert batches_of(general) != batches_of(domain)
     assert (evaluation.batches, evaluation.other_batches) == (
-        general_records // BATCH_SIZE,
-        (domain_records // BATCH_SIZE,),
+        batches_of(general),
+        (batches_of(domain),),
     )
     batches = evaluation.batches + evaluation.other_batches[0]
     assert f"2 evaluations of 2 validation sets, {batches} batches" in capsys.readouterr().out
