@@ -59,13 +59,14 @@ TEST_SIZE = {
 }
 
 
-def walkthrough_commands(heading=HEADING):
-    """[(script, [arguments])] of the README section's shell block, continuation lines joined and
-    comments dropped."""
+def walkthrough_commands(heading=HEADING, every_block=False):
+    """[(script, [arguments])] of the README section's shell block (`every_block`: of each of its
+    shell blocks, in order), continuation lines joined and comments dropped."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert heading in readme, f"README.md has no section {heading!r}"
     section = readme.split(heading, 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    block = "".join(blocks) if every_block else blocks[0]
     commands = []
     for command in block.replace("\\\n", " ").splitlines():
         if command.strip() and not command.lstrip().startswith("#"):
