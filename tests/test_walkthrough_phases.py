@@ -19,7 +19,7 @@ from parent_models import cache_as_hub_model, save_parent
 from test_walkthrough import walkthrough_commands
 
 HEADING = "## A mixture, in phases"
-# Test size: the README's 128-token shards at 32 tokens, its 512-token ones at 64 (longer, as there).
+# Test size: the README's 128-token shards at 32 tokens, its 512-token ones at 64 (longer still).
 SHARD_LENGTH = {"128": 32, "512": 64}
 STEPS = ["--max_steps", 12, "--eval_steps", 4, "--max_eval_samples", 16]
 RUN_MLM = ["--per_replica_batch_size", 4, *STEPS]
