@@ -395,6 +395,12 @@ class Settings:
                 f"--tokenizer is needed with --branch_from {branch_from}: pass the tokenizer its "
                 "run was trained with (the folder train_unigram.py wrote, or a Hub id)."
             )
+        if branch_from and self.steps.preflight:
+            raise UsageError(
+                f"--preflight times a run from its first step, but --branch_from {branch_from} "
+                "starts at its parent's step; preflight the parent's command (the same model, "
+                "batch and length) instead."
+            )
         if branch_from and self.masking.short_sequence_length:
             raise UsageError(
                 f"--short_sequence_length {self.masking.short_sequence_length} is the sequence-"

@@ -312,10 +312,10 @@ class WarmupStableDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     the peak; the decay still ends at 0.
 
     `shape` "linear": the rate is peak x the share of the decay left. "1-sqrt" (--decay_shape):
-    peak x (1 - sqrt(progress)), progress the share of the decay done, as in ModernBERT's and
-    Ettin's decay phase (their WSD schedule, "1-sqrt" decay): the rate falls faster at first and
-    the last steps are gentler. No warmup (`warmup_steps` 0): the peak from the first step, as in
-    a branch."""
+    peak x (1 - sqrt(progress)), progress the share of the decay done: the decay of ModernBERT's
+    warmup-stable-decay ("trapezoidal") schedule (Warner et al., arXiv 2412.13663, section 2.2),
+    which Ettin's decay phase reuses; the rate falls faster at first and the last steps are
+    gentler. No warmup (`warmup_steps` 0): the peak from the first step, as in a branch."""
 
     def __init__(self, peak, total_steps, warmup_steps, decay_steps, shape="linear"):
         self.peak, self.total_steps = peak, total_steps

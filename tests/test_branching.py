@@ -322,6 +322,7 @@ def test_what_a_branch_cannot_start_from_is_one_line(at_once, shards_dir, tokeni
     cases = [  # (--branch_from, flags added, flags left out, what the line names)
         (parent, [], no_tokenizer, ["--tokenizer is needed with --branch_from"]),
         (parent, ["--short_sequence_length", 8], [], ["--short_sequence_length 8", "leave it"]),
+        (parent, ["--preflight"], [], ["--preflight times a run from its first step"]),
         (tmp_path / "nothing", [], [], ["is no checkpoint", "ckpt-N"]),
         (other, [], [], ["no run_settings.json beside it", "not a checkpoint of a run_mlm.py"]),
         (parent, ["--config_overrides", "hidden_size=64"], [], ["would change hidden_size"]),
