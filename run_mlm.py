@@ -198,7 +198,8 @@ class Optimizer:
     )
     decay_ratio: Optional[float] = setting(
         "Hold the peak, then decay to 0 over this last share of the steps; when not given, the "
-        "decay starts right after the warmup.",
+        "decay starts right after the warmup. The checkpoint where the decay starts is kept in "
+        "OUTPUT_DIR/checkpoints/decay_start, for --branch_from.",
         type=positive_float,
     )
     decay_shape: str = setting(
