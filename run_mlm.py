@@ -198,7 +198,8 @@ class Optimizer:
     )
     decay_ratio: Optional[float] = setting(
         "Hold the peak, then decay to 0 over this last share of the steps; when not given, the "
-        "decay starts right after the warmup.",
+        "decay starts right after the warmup. The checkpoint where the decay starts is kept in "
+        "OUTPUT_DIR/checkpoints/decay_start, for --branch_from.",
         type=positive_float,
     )
     decay_shape: str = setting(
@@ -390,6 +391,24 @@ class Settings:
     def __post_init__(self):
         self.optimizer.check_decay(self.model.branch_from)
         hardware.check_hardware_flags(self.hardware, self.speed.jit_compile)
+        branch_from = self.model.branch_from
+        if branch_from and not self.data.tokenizer:
+            raise UsageError(
+                f"--tokenizer is needed with --branch_from {branch_from}: pass the tokenizer its "
+                "run was trained with (the folder train_unigram.py wrote, or a Hub id)."
+            )
+        if branch_from and self.steps.preflight:
+            raise UsageError(
+                f"--preflight times a run from its first step, but --branch_from {branch_from} "
+                "starts at its parent's step; preflight the parent's command (the same model, "
+                "batch and length) instead."
+            )
+        if branch_from and self.masking.short_sequence_length:
+            raise UsageError(
+                f"--short_sequence_length {self.masking.short_sequence_length} is the sequence-"
+                "length warmup of a run's first steps, but --branch_from "
+                f"{branch_from} continues a trained model at its shards' length; leave it out."
+            )
         if not self.model.model_name_or_path and not self.data.tokenizer:
             raise UsageError(
                 "--tokenizer is needed to pretrain from scratch: pass the folder train_unigram.py "
@@ -432,6 +451,11 @@ def main(settings, callbacks=()):
     """Pretrain as `settings` (parse_args()) say; `callbacks`: fit()'s besides the run's own."""
     tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     data, masking, steps, output = settings.data, settings.masking, settings.steps, settings.output
+    parent = None
+    if settings.model.branch_from:  # its checkpoint and its run's settings, before any write
+        from mlm_pipeline import branching
+
+        parent = branching.read_parent(settings.model.branch_from, output.output_dir)
     check_paths(settings)  # a path or output folder that cannot work is one line, before any work
     # The engine: TensorFlow loads here, after the front's checks (its start-up log held back).
     with tf_startup.tensorflow_startup_log_held_back():
@@ -444,7 +468,8 @@ def main(settings, callbacks=()):
             training_run,
         )
 
-    origin = masked_lm_model.origin_of(settings.model)  # from scratch, or the parent's weights
+    # from scratch, the published parent's weights, or a branch's parent checkpoint
+    origin = masked_lm_model.origin_of(settings.model, parent)
     strategy = hosts.build_strategy(settings.hardware)
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
@@ -467,6 +492,9 @@ def main(settings, callbacks=()):
     train_dataset_from = masked_lm_data.training_stream(  # the batches from a step on
         strategy, train_plan, tokenizer, max_length, masking, short_steps, pieces
     )
+    if parent is not None:  # a branch's steps count on from its parent's; its data from its start
+        total_steps += parent.step
+        train_dataset_from = functools.partial(branch_stream, train_dataset_from, parent.step)
     evaluation = masked_lm_data.evaluation_data(  # each --eval_dataset set, the first val_loss's
         strategy,
         eval_plan,
@@ -502,7 +530,8 @@ def main(settings, callbacks=()):
         save_model=save,
         origin=origin,
     )
-    started = run.start(masked_lm, trainer.optimizer)  # the folder ready, the checkpoint restored
+    # the folder ready, the checkpoint restored (a branch's parent's, when it has none of its own)
+    started = run.start(masked_lm, trainer.optimizer, trainer.trainable_variables)
     run.evaluate_first(trainer, started)  # a parent: where it stands on this text
     logs = run.train(trainer, train_dataset_from, started, callbacks)  # fit(), in segments
     # --average_last: the last step's model put aside in last_step/, the average in its place
@@ -511,6 +540,12 @@ def main(settings, callbacks=()):
         with model_folder.staging(output.output_dir) as folder:
             save(folder, masked_lm)
     return trainer, run.finish(trainer, logs, started, averaged)
+
+
+def branch_stream(train_dataset_from, first_step, step):
+    """A branch's batches from optimizer step `step` on: its data starts at its own beginning,
+    where its steps start, at its parent's `first_step`."""
+    return train_dataset_from(step - first_step)
 
 
 if __name__ == "__main__":

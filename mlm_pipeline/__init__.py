@@ -86,6 +86,8 @@ against the imports.
                                 trainer of the masked positions, accumulation, schedule, fit()
     checkpoints            3    run_mlm.py's output folder as a run goes: started afresh or
                                 checked to be this run's, checkpoints saved and restored on resume
+    branching              3    --branch_from: a phase from another run's checkpoint, its
+                                weights, moments, step and learning rate, the parent's settings
     segments               3 4  optimizer steps: the warmup's; run_mlm.py's counted through epochs
                                 and fit() calls of fixed shape
     training_logs          3 4  fit()'s progress display; TensorBoard scalars, the CSV log, the

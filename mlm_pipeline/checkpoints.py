@@ -39,8 +39,17 @@ from .training_logs import epoch_of_step, read_training_log, training_log_path, 
 EPOCH_ROW_NAME = "epoch_row.json"
 
 
+# Beside the checkpoints, the checkpoint of the step where the learning rate starts to decay (a run
+# with --decay_ratio): in a folder of its own, which no rotation (--save_total_limit) reaches.
+DECAY_START_DIR = "decay_start"
+
+
 def checkpoint_dir(output_dir):
     return f"{output_dir.rstrip('/')}/{CHECKPOINT_DIR}"
+
+
+def decay_start_dir(output_dir):
+    return f"{checkpoint_dir(output_dir)}/{DECAY_START_DIR}"
 
 
 def resume_settings(
@@ -51,14 +60,22 @@ def resume_settings(
     training folders adds each folder, its sequences and its weight ("train_mixture"); one folder's
     record stays as it always was, so that runs recorded before resume.
 
-    From `origin` (masked_lm_model.Scratch or pretrained_model.Parent), the parent continued: its
-    name as --model_name_or_path gave it, None from scratch. From run_mlm.py's `settings`, the
-    groups that shape the stream of batches and the optimizer (Masking: seed, masking, shuffling;
-    Optimizer: the schedule).
+    From `origin` (masked_lm_model.Scratch, pretrained_model.Parent or branching.Branch), the
+    parent continued: its name as --model_name_or_path gave it, None from scratch or in a branch;
+    a branch adds where it starts (branch_from, branch_checkpoint, branch_step and
+    branch_learning_rate: a branch of it computes its rate from them). From run_mlm.py's
+    `settings`, the groups that shape the stream of batches and the optimizer (Masking: seed,
+    masking, shuffling; Optimizer: the schedule, its decay_shape only when not linear).
+    `total_steps`: the step the run ends at (a branch's counts on from its parent's step).
     """
     architecture = {
         key: value for key, value in config.to_dict().items() if key != "transformers_version"
     }
+    optimizer = dataclasses.asdict(settings.optimizer)
+    if (
+        optimizer["decay_shape"] == "linear"
+    ):  # as recorded before there was a choice: old runs resume
+        del optimizer["decay_shape"]
     settings = {
         "train_records": train_manifest["records"],
         "max_length": train_manifest["max_length"],
@@ -66,7 +83,7 @@ def resume_settings(
         "total_steps": total_steps,
         "model_name_or_path": origin.name,
         **dataclasses.asdict(settings.masking),
-        **dataclasses.asdict(settings.optimizer),
+        **optimizer,
         "config": architecture,
     }
     if mixture is not None:
@@ -74,6 +91,14 @@ def resume_settings(
             {"folder": folder, "records": records, "weight": weight}
             for folder, records, weight in zip(mixture.folders, mixture.records, mixture.weights)
         ]
+    branch = origin.branch
+    if branch is not None:  # keys of a branch alone: a run's record stays as it was
+        settings.update(
+            branch_from=branch.name,
+            branch_checkpoint=branch.prefix,
+            branch_step=branch.step,
+            branch_learning_rate=branch.learning_rate,
+        )
     # as they read back from run_settings.json (JSON keys are strings)
     return json.loads(json.dumps(settings))
 
@@ -281,3 +306,53 @@ class SaveCheckpoints(tf_keras.callbacks.Callback):
             self.save()
         if self.training_log:
             write_epoch_row(self.training_log, epoch, dict(logs or {}))
+
+
+class SaveDecayStart(tf_keras.callbacks.Callback):
+    """A Keras callback that saves the checkpoint of optimizer step `decay_start` (where the
+    learning rate starts to decay) through `manager`, into a folder of its own that rotation never
+    reaches (decay_start_dir), with a copy of run_settings.json from `settings_path` beside it (on
+    the chief: None elsewhere), so that a branch (--branch_from) can start there: ModernBERT's and
+    Ettin's decay, a longer context, another mixture.
+
+    At exactly that step, whatever --steps_per_execution: fit() runs the steps of an execution
+    together and calls back only after them, so an execution that would run past `decay_start`
+    inside an epoch is shortened to end there. tf_keras' DataHandler reads the model's
+    `steps_per_execution` variable before each execution, and shortens an epoch's last one the same
+    way (tf_keras/src/engine/data_adapter.py, DataHandler.steps()); the train function loops that
+    many times. No fit() call is split, so no evaluation, checkpoint or row is added, and the
+    variable is back to its value before the epoch ends (its evaluation)."""
+
+    def __init__(self, manager, decay_start, settings_path=None):
+        super().__init__()
+        self.manager, self.decay_start, self.settings_path = manager, decay_start, settings_path
+        self._supports_tf_logs = True  # nothing here reads the logs
+        self.executions = None  # --steps_per_execution, while an execution is shortened
+        self.epoch_start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_start = int(self.model.optimizer.iterations.numpy())
+        self.shorten_next_execution(self.epoch_start)
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = self.epoch_start + batch + 1  # counted on the host: no wait for the device
+        if done == self.decay_start:
+            if self.executions is not None:
+                self.model.steps_per_execution.assign(self.executions)
+                self.executions = None
+            self.manager.save(checkpoint_number=done)
+            if self.settings_path:
+                folder = self.manager.directory
+                tf.io.gfile.copy(self.settings_path, f"{folder}/{RUN_SETTINGS_NAME}", True)
+        self.shorten_next_execution(done)
+
+    def shorten_next_execution(self, done):
+        """Before the execution that starts after step `done`: end it at the decay's start if it
+        would run past it within this epoch."""
+        per_execution = self.model.steps_per_execution
+        if per_execution is None or self.executions is not None:
+            return
+        steps, epoch_end = int(per_execution.numpy()), self.epoch_start + self.params["steps"]
+        if done < self.decay_start < min(done + steps, epoch_end):
+            self.executions = steps
+            per_execution.assign(self.decay_start - done)

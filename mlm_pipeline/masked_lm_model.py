@@ -8,6 +8,8 @@ run never asks which it has:
 
 - `name`: --model_name_or_path as given, None from scratch (what run_settings.json records);
 - `hub_id`: the Hub id of the model continued (the model card's base_model), else None;
+- `branch`: the parent checkpoint a branch starts from (branching.ParentCheckpoint: its step and
+  learning rate), else None;
 - `evaluates_first`: whether the run evaluates before its first step (a parent: where it stands on
   this text; random weights: nothing worth scoring);
 - `tokenizer`: the model's own tokenizer (None from scratch: --tokenizer is required then);
@@ -17,8 +19,11 @@ run never asks which it has:
   the seed) or the parent's;
 - `card_tag` and `card_origin(text)`: what the model card says of where the weights started.
 
-`Scratch` lives here; `Parent` in pretrained_model.py, imported only for --model_name_or_path.
+`Scratch` lives here; `Parent` in pretrained_model.py, imported only for --model_name_or_path;
+`Branch` in branching.py, only for --branch_from.
 """
+
+import types
 
 import tensorflow as tf
 import tf_keras
@@ -35,6 +40,7 @@ class Scratch:
 
     name = None
     hub_id = None
+    branch = None  # no parent checkpoint: the run's own schedule from step 0
     evaluates_first = False
     tokenizer = None
     card_tag = "pretrained-from-scratch"
@@ -64,10 +70,15 @@ class Scratch:
         return "pretrained from scratch (random initial weights, no checkpoint of another model)"
 
 
-def origin_of(model):
+def origin_of(model, parent=None):
     """Where the run's weights start, from the Model settings: a pretrained_model.Parent for
     --model_name_or_path (the published model to continue, its config and tokenizer, checked with
-    --config_overrides before any work), else Scratch."""
+    --config_overrides before any work), a branching.Branch for --branch_from (`parent`, the
+    branching.ParentCheckpoint read before any work), else Scratch."""
+    if parent is not None:
+        from .branching import Branch  # only for --branch_from
+
+        return Branch(parent, model.config_overrides)
     if not model.model_name_or_path:
         return Scratch(model)
     from .pretrained_model import Parent  # only for continued pretraining
@@ -116,11 +127,9 @@ def build_model(config, strategy, tokenizer, total_steps, settings, origin):
             adam_epsilon=optimizer.adam_epsilon,
             adam_global_clipnorm=optimizer.max_grad_norm or None,
         )
-        if optimizer.decay_ratio:  # warmup-stable-decay instead of the triangle
-            decay_steps = max(1, round(optimizer.decay_ratio * total_steps))
-            adamw.learning_rate = WarmupStableDecay(
-                optimizer.learning_rate, total_steps, warmup_steps, decay_steps
-            )
+        schedule = learning_rate_schedule(optimizer, total_steps, origin.branch)
+        if schedule is not None:  # warmup-stable-decay, 1 - sqrt, or a branch's
+            adamw.learning_rate = schedule
         trainer.compile(
             adamw, jit_compile=speed.jit_compile, steps_per_execution=speed.steps_per_execution
         )
@@ -249,19 +258,77 @@ def accumulated_gradients(trainer, features, labels, accumulation_steps, scale):
     return loss_sum, gradients
 
 
-class WarmupStableDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """--decay_ratio: the rate rises linearly to `peak`, holds it, then falls linearly to 0 over the
-    last `decay_steps` (all the steps after the warmup: the triangle). For a fixed budget, more
-    steps at the peak; the decay still ends at 0."""
+def learning_rate_schedule(optimizer, total_steps, branch=None):
+    """The schedule of the Optimizer settings `optimizer` over optimizer steps 0 .. `total_steps`,
+    or None for create_optimizer's own (a linear warmup, then a linear decay to 0 at once), kept
+    exactly as it was.
 
-    def __init__(self, peak, total_steps, warmup_steps, decay_steps):
+    --decay_ratio: WarmupStableDecay, decaying over its last share of the steps; --decay_shape
+    1-sqrt without it: the same, decaying from the warmup's end. `branch` (a
+    branching.ParentCheckpoint): a phase from a parent's step, no warmup, the parent's rate there
+    held, then the decay over the last --decay_ratio of the branch's own steps (all of them without
+    it)."""
+    shape = optimizer.decay_shape
+    if branch is not None:
+        decay_steps = segments.decay_steps(optimizer.decay_ratio or 1.0, total_steps - branch.step)
+        return WarmupStableDecay(branch.learning_rate, total_steps, 0, decay_steps, shape)
+    warmup_steps = segments.warmup_steps(optimizer.warmup_ratio, total_steps)
+    if optimizer.decay_ratio:
+        decay_steps = segments.decay_steps(optimizer.decay_ratio, total_steps)
+    elif shape != "linear":
+        decay_steps = total_steps - warmup_steps
+    else:
+        return None
+    return WarmupStableDecay(optimizer.learning_rate, total_steps, warmup_steps, decay_steps, shape)
+
+
+def recorded_learning_rate(record, step):
+    """The learning rate a run had at optimizer step `step`, from its run_settings.json `record`
+    (checkpoints.resume_settings): its schedule rebuilt as build_model built it, then read at
+    `step` in the same float32 arithmetic. A record without decay_shape decayed linearly; one with
+    branch_step was itself a branch."""
+    optimizer = types.SimpleNamespace(
+        learning_rate=record["learning_rate"],
+        warmup_ratio=record["warmup_ratio"],
+        decay_ratio=record.get("decay_ratio"),
+        decay_shape=record.get("decay_shape", "linear"),
+    )
+    branch = None
+    if record.get("branch_step") is not None:
+        branch = types.SimpleNamespace(
+            step=record["branch_step"], learning_rate=record["branch_learning_rate"]
+        )
+    total_steps = record["total_steps"]
+    schedule = learning_rate_schedule(optimizer, total_steps, branch)
+    if schedule is None:
+        warmup_steps = segments.warmup_steps(optimizer.warmup_ratio, total_steps)
+        _, schedule = create_optimizer(optimizer.learning_rate, total_steps, warmup_steps)
+    return float(schedule(tf.constant(step, tf.int64)))
+
+
+class WarmupStableDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """--decay_ratio: the rate rises linearly to `peak`, holds it, then falls to 0 over the last
+    `decay_steps` (all the steps after the warmup: the triangle). For a fixed budget, more steps at
+    the peak; the decay still ends at 0.
+
+    `shape` "linear": the rate is peak x the share of the decay left. "1-sqrt" (--decay_shape):
+    peak x (1 - sqrt(progress)), progress the share of the decay done: the decay of ModernBERT's
+    warmup-stable-decay ("trapezoidal") schedule (Warner et al., arXiv 2412.13663, section 2.2),
+    which Ettin's decay phase reuses; the rate falls faster at first and the last steps are
+    gentler. No warmup (`warmup_steps` 0): the peak from the first step, as in a branch."""
+
+    def __init__(self, peak, total_steps, warmup_steps, decay_steps, shape="linear"):
         self.peak, self.total_steps = peak, total_steps
         self.warmup_steps, self.decay_steps = warmup_steps, decay_steps
+        self.shape = shape
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         rising = step / self.warmup_steps if self.warmup_steps else 1.0
-        falling = (self.total_steps - step) / self.decay_steps
+        falling = (self.total_steps - step) / self.decay_steps  # the share of the decay left
+        if self.shape == "1-sqrt":
+            progress = 1.0 - tf.clip_by_value(falling, 0.0, 1.0)
+            falling = 1.0 - tf.sqrt(progress)
         return self.peak * tf.clip_by_value(tf.minimum(rising, falling), 0.0, 1.0)
 
     def get_config(self):
@@ -270,6 +337,7 @@ class WarmupStableDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
             total_steps=self.total_steps,
             warmup_steps=self.warmup_steps,
             decay_steps=self.decay_steps,
+            shape=self.shape,
         )
 
 

@@ -95,7 +95,7 @@ def model_card(
         usage=usage(output.hub_model_id or public_name(output.output_dir), mask),
         training_data=training_data(manifests, data, tokenizer, schedule),
         training_procedure=training_procedure(
-            config, mask, global_batch_size, max_length, schedule, settings
+            config, mask, global_batch_size, max_length, schedule, settings, origin.branch
         ),
         results=results(metrics, steps, steps * global_batch_size * max_length, mask)
         + validation_sets(metrics, data, mask)
@@ -226,8 +226,11 @@ def mixture_data(header, rows, mixture_of, schedule):
     return header, rows, [note, *mixture.repeated_lines(folders, repeats)]
 
 
-def training_procedure(config, mask, global_batch_size, max_length, schedule, settings):
-    """The settings table: architecture, batch, steps, optimizer, schedule, masking."""
+def training_procedure(
+    config, mask, global_batch_size, max_length, schedule, settings, branch=None
+):
+    """The settings table: architecture, batch, steps, optimizer, schedule, masking; `branch`, a
+    branch's parent checkpoint (branching.ParentCheckpoint), else None."""
     total_steps, steps_per_epoch = schedule.total_steps, schedule.plan.steps_per_epoch
     masking, speed, plan = settings.masking, settings.speed, schedule.plan
     per_replica, accumulation = plan.per_replica_batch_size, plan.accumulation_steps
@@ -268,7 +271,7 @@ def training_procedure(config, mask, global_batch_size, max_length, schedule, se
         rows.append(["gradient accumulation", accumulated])
     rows += [
         ["optimizer", optimizer(settings.optimizer)],
-        ["learning rate", learning_rate(settings.optimizer, total_steps)],
+        ["learning rate", learning_rate(settings.optimizer, total_steps, branch)],
         ["masking", masking_row(masking, mask)],
         ["loss", f"cross-entropy at the masked positions ({speed.mlm_head} LM head)"],
         ["precision", "mixed bfloat16" if speed.bfloat16 else "float32"],
@@ -288,10 +291,19 @@ def optimizer(settings):
     )
 
 
-def learning_rate(settings, total_steps):
-    """Warmup, then a linear decay to 0 (with --decay_ratio: after the peak is held)."""
+def learning_rate(settings, total_steps, branch=None):
+    """Warmup, then a linear (or 1 - sqrt) decay to 0 (with --decay_ratio: after the peak is held);
+    a branch: its parent's rate at its step, held, then the decay over its own steps."""
+    shape = "linear" if settings.decay_shape == "linear" else "1 - sqrt"
+    decay = f"{shape} decay to 0"
+    if branch is not None:
+        steps = total_steps - branch.step
+        ratio = settings.decay_ratio or 1.0
+        return (
+            f"{branch.learning_rate:.4g}, the parent's at step {branch.step:,} (no warmup), held, "
+            f"then {decay} over the last {ratio:g} of the branch's {steps:,} steps"
+        )
     warmup = segments.warmup_steps(settings.warmup_ratio, total_steps)
-    decay = "linear decay to 0"
     if settings.decay_ratio:
         decay = f"held, then {decay} over the last {settings.decay_ratio:g} of the steps"
     return (

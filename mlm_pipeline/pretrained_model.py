@@ -151,8 +151,8 @@ class Parent(PretrainedModel):
 
     A Parent is one of run_mlm.py's two origins, with the face of masked_lm_model.Scratch (random
     weights): `name` (recorded in run_settings.json), `hub_id` (the card's base_model, None for a
-    folder), `evaluates_first` (True: the run scores the parent before its first step),
-    `tokenizer`, `check_continuation()`, `config_for()`, `masked_lm()`, `card_tag` and
+    folder), `branch` (None), `evaluates_first` (True: the run scores the parent before its first
+    step), `tokenizer`, `check_continuation()`, `config_for()`, `masked_lm()`, `card_tag` and
     `card_origin()`; masked_lm_model.py's docstring describes each."""
 
     NO_WEIGHTS_HINT = (
@@ -160,6 +160,7 @@ class Parent(PretrainedModel):
         "from random weights"
     )
     NEEDS_MASK_TOKEN = True
+    branch = None  # its weights alone: the optimizer, the step and the schedule start afresh
     evaluates_first = True  # where the parent stands on this text, before the first step
     card_tag = "continued-pretraining"
 

@@ -11,6 +11,19 @@ def warmup_steps(warmup_ratio, total_steps):
     return int(warmup_ratio * total_steps)
 
 
+def decay_steps(decay_ratio, steps):
+    """The learning rate's decay, in optimizer steps: --decay_ratio of `steps` (at least one)."""
+    return max(1, round(decay_ratio * steps))
+
+
+def decay_start(decay_ratio, total_steps, first_step=0):
+    """The optimizer step where the learning rate starts to decay, in a run of steps `first_step`
+    (0; a branch's: its parent's step) .. `total_steps` with --decay_ratio; None without it."""
+    if not decay_ratio:
+        return None
+    return total_steps - decay_steps(decay_ratio, total_steps - first_step)
+
+
 def steps_in_epochs(total_steps, steps_per_epoch):
     """'1,500 steps = 2.31 epochs': how far a run's steps take it through the data."""
     epochs = total_steps / steps_per_epoch

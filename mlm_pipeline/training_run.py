@@ -26,6 +26,7 @@ from . import (
     training_logs,
     validation_sets,
 )
+from .contract import RUN_SETTINGS_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +94,12 @@ class TrainingRun:
         )
         self.chief = hosts.is_chief(strategy)
 
-    def start(self, masked_lm, optimizer):
+    def start(self, masked_lm, optimizer, variables=None):
         """The run's side effects before the first step, in order: the Hub repository opened, the
         output folder prepared on the chief, every worker waiting for it, the newest checkpoint
-        restored into `masked_lm` and `optimizer` (resume) and the run's lines printed. Returns
-        what later methods need (Started)."""
+        restored into `masked_lm` and `optimizer` (resume; a branch's parent checkpoint when the
+        folder has none, `variables` the trainer's trainable ones) and the run's lines printed.
+        Returns what later methods need (Started)."""
         pusher = self.open_hub_repository()
         if self.chief:
             recorded = checkpoints.resume_settings(
@@ -116,7 +118,7 @@ class TrainingRun:
         # nobody reads the checkpoints while the chief may still be clearing them
         hosts.wait_for_every_worker(self.strategy)
         clock = time.perf_counter()
-        manager, start_step = self.resume(masked_lm, optimizer)
+        manager, start_step = self.resume(masked_lm, optimizer, variables)
         return Started(start_step, manager, pusher, clock)
 
     def open_hub_repository(self):
@@ -138,8 +140,10 @@ class TrainingRun:
             output.hub_push_timeout,
         )
 
-    def resume(self, masked_lm, optimizer):
-        """(manager, step to start at): that of the newest checkpoint in the output folder, or 0.
+    def resume(self, masked_lm, optimizer, variables=None):
+        """(manager, step to start at): that of the newest checkpoint in the output folder, else
+        that of a branch's parent checkpoint (restored; `variables`, the trainer's trainable ones),
+        else 0.
 
         A worker that is not the chief saves its checkpoints (it may take part in collective ops)
         into a scratch folder of its own, removed at the end."""
@@ -152,6 +156,14 @@ class TrainingRun:
             ),
             chief=self.chief,
         )
+        branch = self.origin.branch
+        if branch is not None and start_step == 0:  # a branch's own checkpoints win, as any run's
+            start_step = self.origin.restore(masked_lm, optimizer, variables, self.strategy)
+            print(
+                f"Branching from {branch.name} at step {start_step:,}: its weights, optimizer "
+                f"moments and step, at its learning rate there, {branch.learning_rate:.4g}; "
+                f"{self.total_steps - start_step:,} steps to step {self.total_steps:,}."
+            )
         replicas, batch = self.plan.replicas, self.plan.global_batch_size
         per_replica = f"{self.plan.per_replica_batch_size:,} a replica"
         if self.plan.accumulation_steps > 1:  # --gradient_accumulation_steps multiplies the batch
@@ -162,7 +174,7 @@ class TrainingRun:
             f"a global batch of {batch:,} sequences ({per_replica}) x "
             f"{self.max_length} tokens = {self.tokens_per_step:,} tokens a step."
         )
-        if start_step:
+        if start_step and manager.latest_checkpoint:
             print(
                 f"Resuming from {manager.latest_checkpoint} at step {start_step} of "
                 f"{self.total_steps}."
@@ -269,6 +281,9 @@ class TrainingRun:
                 started.manager, self.steps.save_steps, training_log, self.plan.steps_per_epoch
             )
         )
+        decay_start = self.decay_start()
+        if decay_start is not None and started.start_step < decay_start:
+            callbacks.append(self.save_decay_start(started.manager, decay_start))
         return callbacks
 
     def average_checkpoints(self, trainer):
@@ -300,6 +315,27 @@ class TrainingRun:
         print(averaged.line(self.output_dir))
         return averaged
 
+    def decay_start(self):
+        """The step where a run with --decay_ratio starts to decay, if it comes after the run's
+        first step (a branch's: its parent's); None otherwise."""
+        branch = self.origin.branch
+        first_step = branch.step if branch is not None else 0
+        decay_ratio = self.settings.optimizer.decay_ratio
+        step = segments.decay_start(decay_ratio, self.total_steps, first_step)
+        return step if step is not None and step > first_step else None
+
+    def save_decay_start(self, manager, decay_start):
+        """The callback that keeps the checkpoint of `decay_start` out of rotation's reach
+        (checkpoints.SaveDecayStart), with run_settings.json beside it; a worker that is not the
+        chief saves it into its scratch folder (`manager`'s), removed at the end."""
+        if self.chief:
+            folder = checkpoints.decay_start_dir(self.output_dir)
+            settings = f"{checkpoints.checkpoint_dir(self.output_dir)}/{RUN_SETTINGS_NAME}"
+        else:
+            folder, settings = f"{manager.directory}/{checkpoints.DECAY_START_DIR}", None
+        keeper = tf.train.CheckpointManager(manager.checkpoint, folder, max_to_keep=None)
+        return checkpoints.SaveDecayStart(keeper, decay_start, settings)
+
     def finish(self, trainer, logs, started, averaged=None):
         """After fit() and the chief's save: the card and curves beside the model, a summary line,
         the final Hub push; a worker removes its scratch checkpoints. Returns the final logs.
@@ -320,6 +356,9 @@ class TrainingRun:
         minutes = (time.perf_counter() - started.clock) / 60
         summary = training_logs.summary_line(steps, self.tokens_per_step, logs, minutes, names)
         resumed = f" (resumed at step {started.start_step})" if started.start_step else ""
+        branch = self.origin.branch
+        if branch is not None and started.start_step == branch.step:  # no checkpoint of its own
+            resumed = f" (branched at step {branch.step})"
         print(summary + resumed)
         if started.pusher is not None:
             started.pusher.push_final(trainer, final_card, f"Final model: {steps} steps")
