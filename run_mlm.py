@@ -461,6 +461,7 @@ def main(settings, callbacks=()):
     with tf_startup.tensorflow_startup_log_held_back():
         from mlm_pipeline import (
             averaging,
+            checkpoints,
             hosts,
             masked_lm_data,
             masked_lm_model,
@@ -487,14 +488,19 @@ def main(settings, callbacks=()):
     )
     total_steps = steps.total_steps(train_plan.steps_per_epoch)
     short_steps, pieces = masked_lm_data.sequence_length_warmup(max_length, total_steps, masking)
-    # --average_last K: a run that saves fewer than K checkpoints refused now
-    averaging.check_enough_checkpoints(settings, train_plan, total_steps, short_steps)
     train_dataset_from = masked_lm_data.training_stream(  # the batches from a step on
         strategy, train_plan, tokenizer, max_length, masking, short_steps, pieces
     )
-    if parent is not None:  # a branch's steps count on from its parent's; its data from its start
-        total_steps += parent.step
-        train_dataset_from = functools.partial(branch_stream, train_dataset_from, parent.step)
+    if parent is not None:  # a branch's steps count on from its parent's, its data as it says
+        stream = checkpoints.stream_settings(
+            masking, manifests[0], train_plan.global_batch_size, train_mixture
+        )
+        total_steps, train_dataset_from = branching.branch_stream(
+            parent, total_steps, train_dataset_from, stream
+        )
+    first_step = parent.step if parent else 0
+    # --average_last K: a run that saves fewer than K checkpoints refused now
+    averaging.check_enough_checkpoints(settings, train_plan, total_steps, short_steps, first_step)
     evaluation = masked_lm_data.evaluation_data(  # each --eval_dataset set, the first val_loss's
         strategy,
         eval_plan,
@@ -540,12 +546,6 @@ def main(settings, callbacks=()):
         with model_folder.staging(output.output_dir) as folder:
             save(folder, masked_lm)
     return trainer, run.finish(trainer, logs, started, averaged)
-
-
-def branch_stream(train_dataset_from, first_step, step):
-    """A branch's batches from optimizer step `step` on: its data starts at its own beginning,
-    where its steps start, at its parent's `first_step`."""
-    return train_dataset_from(step - first_step)
 
 
 if __name__ == "__main__":

@@ -27,17 +27,18 @@ def checkpoints_kept(save_total_limit, average_last):
 
 
 def checkpoint_steps(
-    total_steps, steps_per_evaluation, save_steps, steps_per_execution, phase_end=0
+    total_steps, steps_per_evaluation, save_steps, steps_per_execution, phase_end=0, first_step=0
 ):
-    """The steps at which a run from step 0 saves its checkpoints, in order: at the end of every
+    """The steps at which a run from `first_step` (0; a branch's parent's step) saves its
+    checkpoints, in order: at the end of every
     fit() epoch (segments.fit_segments: each evaluation), and inside one, the first step after each
     multiple of `save_steps` that an execution of `steps_per_execution` steps ends on
     (checkpoints.SaveCheckpoints)."""
-    steps, saved = [], 0
-    for first_step, _, epochs, steps_per_call in segments.fit_segments(
-        0, total_steps, steps_per_evaluation, phase_end
+    steps, saved = [], first_step
+    for call_start, _, epochs, steps_per_call in segments.fit_segments(
+        first_step, total_steps, steps_per_evaluation, phase_end
     ):
-        for start in range(first_step, first_step + epochs * steps_per_call, steps_per_call):
+        for start in range(call_start, call_start + epochs * steps_per_call, steps_per_call):
             end = start + steps_per_call
             while save_steps:
                 due = (saved // save_steps + 1) * save_steps
@@ -51,10 +52,10 @@ def checkpoint_steps(
     return steps
 
 
-def check_enough_checkpoints(settings, plan, total_steps, phase_end):
+def check_enough_checkpoints(settings, plan, total_steps, phase_end, first_step=0):
     """--average_last K refused, before any work, when the run saves fewer than K checkpoints.
     `settings`: run_mlm.py's Settings; `plan`, the train split's hosts.InputPlan; `phase_end`, the
-    sequence-length warmup's last step (0: none)."""
+    sequence-length warmup's last step (0: none); `first_step`, a branch's parent's step."""
     average_last, steps = settings.output.average_last, settings.steps
     if not average_last:
         return
@@ -64,6 +65,7 @@ def check_enough_checkpoints(settings, plan, total_steps, phase_end):
         steps.save_steps,
         settings.speed.steps_per_execution,
         phase_end,
+        first_step,
     )
     if len(saved) < average_last:
         raise UsageError(

@@ -17,6 +17,7 @@ the checkpoint into it (`restore()`).
 """
 
 import dataclasses
+import functools
 import json
 
 from . import architecture, modernbert_config, tf_startup
@@ -89,6 +90,38 @@ def read_parent(branch_from, output_dir):
             f"its {CHECKPOINT_DIR}/decay_start."
         )
     return ParentCheckpoint(branch_from, prefix, step, learning_rate, settings)
+
+
+# The sequence-length warmup of a parent's first steps: a branch has none, and the parent's is over
+# by the step it is branched at, so it does not tell two streams apart there.
+WARMUP_KEYS = ("short_sequence_length", "short_sequence_ratio")
+
+
+def branch_stream(parent, total_steps, train_dataset_from, stream):
+    """(the branch's last step, its batches from a step on): its --max_steps (`total_steps`)
+    counted on from the parent's step. On its parent's own stream (`stream`, the branch's
+    checkpoints.stream_settings: the same shards, length, batch, seed and masking as the parent's
+    record), the branch reads on where its parent was, so a stable phase and its decay branch train
+    the very batches of the same schedule run at once; on other data (a new mixture, a longer
+    length), that data from its own beginning."""
+    keys = (set(stream) | {"train_mixture"}) - set(WARMUP_KEYS)
+    first_step = parent.step
+    if all(parent.settings.get(key) == stream.get(key) for key in keys):
+        print(
+            f"The branch reads on in its parent's stream of batches at step {first_step:,}: the "
+            "same shards, length, batch, seed and masking."
+        )
+        return total_steps + first_step, train_dataset_from
+    print(f"The branch reads its data from its beginning, from step {first_step:,} on.")
+    return total_steps + first_step, functools.partial(
+        from_its_beginning, train_dataset_from, first_step
+    )
+
+
+def from_its_beginning(train_dataset_from, first_step, step):
+    """A branch's batches from optimizer step `step` on, its data started at its first step, its
+    parent's `first_step`."""
+    return train_dataset_from(step - first_step)
 
 
 def own_record(tf, output_dir):

@@ -74,23 +74,15 @@ def resume_settings(
     optimizer = dataclasses.asdict(settings.optimizer)
     if (
         optimizer["decay_shape"] == "linear"
-    ):  # as recorded before there was a choice: old runs resume
+    ):  # recorded as before there was a choice: old runs resume
         del optimizer["decay_shape"]
     settings = {
-        "train_records": train_manifest["records"],
-        "max_length": train_manifest["max_length"],
-        "global_batch_size": global_batch_size,
+        **stream_settings(settings.masking, train_manifest, global_batch_size, mixture),
         "total_steps": total_steps,
         "model_name_or_path": origin.name,
-        **dataclasses.asdict(settings.masking),
         **optimizer,
         "config": architecture,
     }
-    if mixture is not None:
-        settings["train_mixture"] = [
-            {"folder": folder, "records": records, "weight": weight}
-            for folder, records, weight in zip(mixture.folders, mixture.records, mixture.weights)
-        ]
     branch = origin.branch
     if branch is not None:  # keys of a branch alone: a run's record stays as it was
         settings.update(
@@ -101,6 +93,25 @@ def resume_settings(
         )
     # as they read back from run_settings.json (JSON keys are strings)
     return json.loads(json.dumps(settings))
+
+
+def stream_settings(masking, train_manifest, global_batch_size, mixture=None):
+    """The part of the record (resume_settings) that fixes the stream of batches from a step on:
+    the training shards (a `mixture`'s folders, their sequences and weights), their length, the
+    global batch and the Masking settings (seed, masks, shuffle), as run_settings.json holds them.
+    Two runs that agree on it read the same batch at the same step."""
+    stream = {
+        "train_records": train_manifest["records"],
+        "max_length": train_manifest["max_length"],
+        "global_batch_size": global_batch_size,
+        **dataclasses.asdict(masking),
+    }
+    if mixture is not None:
+        stream["train_mixture"] = [
+            {"folder": folder, "records": records, "weight": weight}
+            for folder, records, weight in zip(mixture.folders, mixture.records, mixture.weights)
+        ]
+    return json.loads(json.dumps(stream))  # as they read back from run_settings.json
 
 
 def prepare_output_dir(output_dir, overwrite_output_dir, settings, plan=None):

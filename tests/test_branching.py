@@ -206,6 +206,15 @@ def test_a_decay_branch_starts_where_the_run_was_and_decays_as_the_run_at_once(
     recorded = json.loads((output_dir / contract.CHECKPOINT_DIR / "run_settings.json").read_text())
     assert recorded["branch_step"] == DECAY_START and recorded["total_steps"] == TOTAL
 
+    # On its parent's own shards, batch, seed and masking, it reads on in the parent's stream: the
+    # very batches of the run at once, so it ends on the run at once's weights and moments, to
+    # float32's rounding (not bit for bit: the two ran their steps in other compiled calls).
+    ours = checkpoint_tensors(output_dir / contract.CHECKPOINT_DIR / f"ckpt-{TOTAL}")
+    theirs = checkpoint_tensors(at_once_dir / contract.CHECKPOINT_DIR / f"ckpt-{TOTAL}")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(ours[name], value, rtol=1e-5, atol=1e-9, err_msg=name)
+
 
 def test_a_branch_from_where_the_rate_reached_0_is_refused(
     at_once, shards_dir, tokenizer_dir, tmp_path
