@@ -451,11 +451,6 @@ def main(settings, callbacks=()):
     """Pretrain as `settings` (parse_args()) say; `callbacks`: fit()'s besides the run's own."""
     tpu_runtime.prepare_runtime(settings.hardware)  # PJRT, before TensorFlow loads; or why not
     data, masking, steps, output = settings.data, settings.masking, settings.steps, settings.output
-    parent = None
-    if settings.model.branch_from:  # its checkpoint and its run's settings, before any write
-        from mlm_pipeline import branching
-
-        parent = branching.read_parent(settings.model.branch_from, output.output_dir)
     check_paths(settings)  # a path or output folder that cannot work is one line, before any work
     # The engine: TensorFlow loads here, after the front's checks (its start-up log held back).
     with tf_startup.tensorflow_startup_log_held_back():
@@ -469,9 +464,15 @@ def main(settings, callbacks=()):
             training_run,
         )
 
+    # TensorFlow's devices first: --cpu_replicas must take effect before anything runs an op
+    strategy = hosts.build_strategy(settings.hardware)
+    parent = None
+    if settings.model.branch_from:  # its checkpoint and its run's settings, before any write
+        from mlm_pipeline import branching
+
+        parent = branching.read_parent(settings.model.branch_from, output.output_dir)
     # from scratch, the published parent's weights, or a branch's parent checkpoint
     origin = masked_lm_model.origin_of(settings.model, parent)
-    strategy = hosts.build_strategy(settings.hardware)
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
     named_tokenizer = masked_lm_data.load_tokenizer(data, settings.model, origin)

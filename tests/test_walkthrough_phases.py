@@ -25,7 +25,7 @@ STEPS = ["--max_steps", 12, "--eval_steps", 4, "--max_eval_samples", 16]
 RUN_MLM = ["--per_replica_batch_size", 4, *STEPS]
 
 
-def test_size(script, arguments):
+def at_test_size(script, arguments):
     """What the test adds to one of the section's commands."""
     if script == "train_unigram.py":
         return ["--vocab_size", VOCAB_SIZE]
@@ -78,7 +78,7 @@ def test_the_mixture_in_phases_walkthrough_runs_as_written(tmp_path):
     printed = {}
     for script, arguments in commands:
         result = run_command(
-            script, *arguments, *test_size(script, arguments), env=env, cwd=tmp_path
+            script, *arguments, *at_test_size(script, arguments), env=env, cwd=tmp_path
         )
         assert result.returncode == 0, f"{script} {arguments}: {result.stderr[-3000:]}"
         assert "Traceback" not in result.stderr
