@@ -466,13 +466,8 @@ def main(settings, callbacks=()):
 
     # TensorFlow's devices first: --cpu_replicas must take effect before anything runs an op
     strategy = hosts.build_strategy(settings.hardware)
-    parent = None
-    if settings.model.branch_from:  # its checkpoint and its run's settings, before any write
-        from mlm_pipeline import branching
-
-        parent = branching.read_parent(settings.model.branch_from, output.output_dir)
-    # from scratch, the published parent's weights, or a branch's parent checkpoint
-    origin = masked_lm_model.origin_of(settings.model, parent)
+    # from scratch, a published parent's weights, or a checkpoint of a run (--branch_from)
+    origin = masked_lm_model.origin_of(settings.model, output.output_dir)
 
     # The data: shards checked against their tokenizer, read by one input pipeline per host.
     named_tokenizer = masked_lm_data.load_tokenizer(data, settings.model, origin)
@@ -492,14 +487,15 @@ def main(settings, callbacks=()):
     train_dataset_from = masked_lm_data.training_stream(  # the batches from a step on
         strategy, train_plan, tokenizer, max_length, masking, short_steps, pieces
     )
-    if parent is not None:  # a branch's steps count on from its parent's, its data as it says
+    first_step = 0
+    if origin.branch is not None:  # a branch's steps count on from its parent's checkpoint
+        first_step = origin.branch.step
         stream = checkpoints.stream_settings(
             masking, manifests[0], train_plan.global_batch_size, train_mixture
         )
-        total_steps, train_dataset_from = branching.branch_stream(
-            parent, total_steps, train_dataset_from, stream
+        total_steps, train_dataset_from = origin.branch_stream(
+            total_steps, train_dataset_from, stream
         )
-    first_step = parent.step if parent else 0
     # --average_last K: a run that saves fewer than K checkpoints refused now
     averaging.check_enough_checkpoints(settings, train_plan, total_steps, short_steps, first_step)
     evaluation = masked_lm_data.evaluation_data(  # each --eval_dataset set, the first val_loss's

@@ -97,27 +97,6 @@ def read_parent(branch_from, output_dir):
 WARMUP_KEYS = ("short_sequence_length", "short_sequence_ratio")
 
 
-def branch_stream(parent, total_steps, train_dataset_from, stream):
-    """(the branch's last step, its batches from a step on): its --max_steps (`total_steps`)
-    counted on from the parent's step. On its parent's own stream (`stream`, the branch's
-    checkpoints.stream_settings: the same shards, length, batch, seed and masking as the parent's
-    record), the branch reads on where its parent was, so a stable phase and its decay branch train
-    the very batches of the same schedule run at once; on other data (a new mixture, a longer
-    length), that data from its own beginning."""
-    keys = (set(stream) | {"train_mixture"}) - set(WARMUP_KEYS)
-    first_step = parent.step
-    if all(parent.settings.get(key) == stream.get(key) for key in keys):
-        print(
-            f"The branch reads on in its parent's stream of batches at step {first_step:,}: the "
-            "same shards, length, batch, seed and masking."
-        )
-        return total_steps + first_step, train_dataset_from
-    print(f"The branch reads its data from its beginning, from step {first_step:,} on.")
-    return total_steps + first_step, functools.partial(
-        from_its_beginning, train_dataset_from, first_step
-    )
-
-
 def from_its_beginning(train_dataset_from, first_step, step):
     """A branch's batches from optimizer step `step` on, its data started at its first step, its
     parent's `first_step`."""
@@ -288,6 +267,27 @@ class Branch:
                 "a checkpoint of a run_mlm.py run with this architecture."
             ) from None
         return int(optimizer.iterations.numpy())
+
+    def branch_stream(self, total_steps, train_dataset_from, stream):
+        """(the branch's last step, its batches from a step on): its --max_steps (`total_steps`)
+        counted on from the parent's step. On its parent's own stream (`stream`, the branch's
+        checkpoints.stream_settings: the same shards, length, batch, seed and masking as the
+        parent's record), the branch reads on where its parent was, so a stable phase and its decay
+        branch train the very batches of the same schedule run at once; on other data (a new
+        mixture, a longer length), that data from its own beginning."""
+        keys = (set(stream) | {"train_mixture"}) - set(WARMUP_KEYS)
+        parent = self.branch
+        first_step = parent.step
+        if all(parent.settings.get(key) == stream.get(key) for key in keys):
+            print(
+                f"The branch reads on in its parent's stream of batches at step {first_step:,}: "
+                "the same shards, length, batch, seed and masking."
+            )
+            return total_steps + first_step, train_dataset_from
+        print(f"The branch reads its data from its beginning, from step {first_step:,} on.")
+        return total_steps + first_step, functools.partial(
+            from_its_beginning, train_dataset_from, first_step
+        )
 
     def card_origin(self, text):
         """Where the weights started, for the model card: the parent checkpoint and its step."""

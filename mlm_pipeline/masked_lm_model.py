@@ -70,15 +70,17 @@ class Scratch:
         return "pretrained from scratch (random initial weights, no checkpoint of another model)"
 
 
-def origin_of(model, parent=None):
+def origin_of(model, output_dir=None):
     """Where the run's weights start, from the Model settings: a pretrained_model.Parent for
     --model_name_or_path (the published model to continue, its config and tokenizer, checked with
-    --config_overrides before any work), a branching.Branch for --branch_from (`parent`, the
-    branching.ParentCheckpoint read before any work), else Scratch."""
-    if parent is not None:
-        from .branching import Branch  # only for --branch_from
+    --config_overrides before any work), a branching.Branch for --branch_from (the checkpoint and
+    its run's settings read before anything is written in `output_dir`, the run's --output_dir),
+    else Scratch."""
+    if model.branch_from:
+        from . import branching  # only for --branch_from
 
-        return Branch(parent, model.config_overrides)
+        parent = branching.read_parent(model.branch_from, output_dir)
+        return branching.Branch(parent, model.config_overrides)
     if not model.model_name_or_path:
         return Scratch(model)
     from .pretrained_model import Parent  # only for continued pretraining
