@@ -162,22 +162,8 @@ def build_dataset(
     seed_for = functools.partial(folded_seed, base_seed)
 
     def epoch_batches(epoch):
-        order = files
-        if training:
-            order = tf.random.experimental.stateless_shuffle(files, seed_for(epoch, -1))
-        records = tf.data.Dataset.from_tensor_slices(order).interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=min(len(files), 8),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-        if training:
-            records = records.batch(masking.shuffle_buffer_size).enumerate()
-            records = records.flat_map(
-                lambda block, serialized: tf.data.Dataset.from_tensor_slices(
-                    tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
-                )
-            )
+        shuffle_buffer_size = masking.shuffle_buffer_size if training else None
+        records = epoch_records(files, seed_for, epoch, shuffle_buffer_size)
         batches = records.batch(batch_size, drop_remainder=True)
         if batches_per_epoch is not None:
             batches = batches.take(batches_per_epoch)
@@ -308,23 +294,35 @@ def folder_stream(files, records, seed, start, shuffle_buffer_size):
     from its `start`-th sequence on (a tensor)."""
     files = tf.constant(files)
     seed_for = functools.partial(folded_seed, seed)
+    epochs = tf.data.Dataset.counter(start // records)
+    one_epoch = functools.partial(
+        epoch_records, files, seed_for, shuffle_buffer_size=shuffle_buffer_size
+    )
+    return epochs.flat_map(one_epoch).skip(start % records)
 
-    def epoch_records(epoch):
+
+def epoch_records(files, seed_for, epoch, shuffle_buffer_size=None):
+    """Epoch `epoch` of the serialized records of `files` (a tensor), read by up to 8 files at a
+    time: with a `shuffle_buffer_size` (training), the files in an order drawn from
+    seed_for(epoch, -1) and blocks of that many records shuffled with seeds from
+    seed_for(epoch, block); without (evaluation), in file order."""
+    order = files
+    if shuffle_buffer_size:
         order = tf.random.experimental.stateless_shuffle(files, seed_for(epoch, -1))
-        serialized = tf.data.Dataset.from_tensor_slices(order).interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=min(len(files), 8),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
-        blocks = serialized.batch(shuffle_buffer_size).enumerate()
-        return blocks.flat_map(
+    records = tf.data.Dataset.from_tensor_slices(order).interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(files), 8),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    if shuffle_buffer_size:
+        records = records.batch(shuffle_buffer_size).enumerate()
+        records = records.flat_map(
             lambda block, serialized: tf.data.Dataset.from_tensor_slices(
                 tf.random.experimental.stateless_shuffle(serialized, seed_for(epoch, block))
             )
         )
-
-    return tf.data.Dataset.counter(start // records).flat_map(epoch_records).skip(start % records)
+    return records
 
 
 def folded_seed(seed, *numbers):
