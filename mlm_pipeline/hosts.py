@@ -188,7 +188,22 @@ def global_batch_size(replicas, per_replica_batch_size, accumulation_steps=1):
     return replicas * per_replica_batch_size * accumulation_steps
 
 
-class InputPlan:
+class Batching:
+    """How a plan batches, set by InputPlan and MixturePlan alike: the strategy's `replicas`, each
+    one's `per_replica_batch_size` and the `accumulation_steps` it takes a step, the
+    `global_batch_size` of a step (global_batch_size()), and the input `pipelines` (one a host)."""
+
+    def __init__(self, strategy, per_replica_batch_size, accumulation_steps=1):
+        self.replicas = strategy.num_replicas_in_sync
+        self.per_replica_batch_size = per_replica_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.global_batch_size = global_batch_size(
+            self.replicas, per_replica_batch_size, accumulation_steps
+        )
+        self.pipelines = input_pipeline_count(strategy)
+
+
+class InputPlan(Batching):
     """Which shard files each host's input pipeline reads, and how it batches, for one split.
 
     `steps_per_epoch`: the optimizer steps of one pass. `pipeline_input(context, start_step)`: the
@@ -203,13 +218,7 @@ class InputPlan:
     epoch_meaning = "a pass over the data"  # the schedule line's words for an epoch
 
     def __init__(self, strategy, manifest, flag, per_replica_batch_size, accumulation_steps=1):
-        self.replicas = strategy.num_replicas_in_sync
-        self.per_replica_batch_size = per_replica_batch_size
-        self.accumulation_steps = accumulation_steps
-        self.global_batch_size = global_batch_size(
-            self.replicas, per_replica_batch_size, accumulation_steps
-        )
-        self.pipelines = input_pipeline_count(strategy)
+        super().__init__(strategy, per_replica_batch_size, accumulation_steps)
         self.files, self.steps_per_epoch = split_between_pipelines(
             manifest, flag, self.pipelines, self.global_batch_size // self.pipelines
         )
@@ -257,7 +266,7 @@ class MixtureInput:
     start_batch: int
 
 
-class MixturePlan:
+class MixturePlan(Batching):
     """InputPlan's counterpart for a mixture of training folders (mixture.Mixture): each host reads
     shard files of its own of every folder (every pipelines-th one, as InputPlan splits a folder),
     draws each sequence from one folder by the weights, and runs through each folder again, on its
@@ -268,13 +277,7 @@ class MixturePlan:
 
     def __init__(self, strategy, mixture, per_replica_batch_size, accumulation_steps=1):
         self.mixture = mixture
-        self.replicas = strategy.num_replicas_in_sync
-        self.per_replica_batch_size = per_replica_batch_size
-        self.accumulation_steps = accumulation_steps
-        self.global_batch_size = global_batch_size(
-            self.replicas, per_replica_batch_size, accumulation_steps
-        )
-        self.pipelines = input_pipeline_count(strategy)
+        super().__init__(strategy, per_replica_batch_size, accumulation_steps)
         self.epoch_meaning = (
             f"as many sequences as the {len(mixture.folders)} --train_dataset folders hold together"
         )
