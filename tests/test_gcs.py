@@ -251,6 +251,19 @@ def test_training_on_gcs_checkpoints_resumes_and_saves_a_loadable_model(
     assert fill_mask.model.config.vocab_size == len(tokenizer) == len(fill_mask.tokenizer)
     assert len(fill_mask("the river [MASK] the city.", top_k=3)) == 3
 
+    # A phase branched from one of its checkpoints in the bucket (--branch_from gs://...), into a
+    # folder of its own: the checkpoint and its run's settings read from Cloud Storage.
+    parent = f"{checkpoints}/ckpt-{saved_step}"
+    branch_dir = tmp_path / "branch"
+    args = training_args(tokenizer_dir, str(branch_dir), "--branch_from", parent, "--max_steps", 2)
+    branch = run_command("run_mlm.py", *args, env=env, timeout=SCRIPT_TIMEOUT)
+    assert branch.returncode == 0, branch.stderr[-3000:]
+    assert f"Branching from {parent} at step {saved_step:,}" in branch.stdout
+    assert f"Finished: {saved_step + 2:,} steps" in branch.stdout
+    assert f"{run}/{contract.CHECKPOINT_DIR}/ckpt-{saved_step}" in (
+        branch_dir / contract.MODEL_CARD_NAME
+    ).read_text(encoding="utf-8")
+
 
 # --------------------------------------------------------------------------------------------------
 # Cloud Storage out of reach: one line, within the probe's bound, whichever
