@@ -48,14 +48,15 @@ def run_evaluation(args, trainer=None):
     _, eval_plan = hosts.input_plans(
         strategy, manifests, speed.per_replica_batch_size, speed.gradient_accumulation_steps
     )
-    evaluation = masked_lm_data.evaluation_data(
+    evaluation = masked_lm_data.evaluation_data(  # the first --eval_dataset set: val_loss's
         strategy,
         eval_plan,
-        manifests[1],
+        manifests[1:],
         named_tokenizer.tokenizer,
         max_length,
         args.masking,
         args.steps.max_eval_samples,
+        args.data.eval_dataset,
     )
     if trainer is None:
         with strategy.scope():

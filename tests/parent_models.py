@@ -305,9 +305,12 @@ def save_parent(family, texts, folder, layout=None):
 
 def cache_as_hub_model(folder, repo_id, hub_cache):
     """Put the files of `folder` into the Hugging Face cache `hub_cache` as a downloaded Hub model
-    `repo_id`, so that from_pretrained(repo_id) finds it offline (HF_HUB_OFFLINE=1)."""
+    `repo_id`, so that from_pretrained(repo_id) finds it offline (HF_HUB_OFFLINE=1), in place of
+    any model an earlier test cached under that id."""
     commit = "0" * 40
     repo = Path(hub_cache) / f"models--{repo_id.replace('/', '--')}"
+    # A test process caches one model of an id at a time: the one its latest test put there.
+    shutil.rmtree(repo / "snapshots" / commit, ignore_errors=True)
     shutil.copytree(folder, repo / "snapshots" / commit)
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)

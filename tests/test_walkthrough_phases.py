@@ -71,9 +71,8 @@ def test_the_mixture_in_phases_walkthrough_runs_as_written(tmp_path):
     ]
     documents = write_texts(tmp_path)
     save_parent("modernbert", documents, tmp_path / "stand-in")
-    cache_as_hub_model(
-        tmp_path / "stand-in", "answerdotai/ModernBERT-base", os.environ["HF_HUB_CACHE"]
-    )
+    hub_id = "answerdotai/ModernBERT-base"
+    cache_as_hub_model(tmp_path / "stand-in", hub_id, os.environ["HF_HUB_CACHE"])
     env = subprocess_env()
     printed = {}
     for script, arguments in commands:
