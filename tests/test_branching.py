@@ -19,6 +19,9 @@ from helpers import (
 )
 from refusals import refused, script_in_process
 from test_resume import NO_DROPOUT, latest_checkpoint_step, load_weights, training_args
+from test_run_mlm import (
+    MODERNBERT_CONFIG,
+)  # a tiny ModernBERT: global and local layers, a window of 8
 
 import run_mlm
 from mlm_pipeline import checkpoints, contract, segments
@@ -259,18 +262,6 @@ def longer_shards(corpus, tokenizer_dir, tmp_path_factory):
     result = run_command("prepare_tfrecord_shards.py", *flags)
     assert result.returncode == 0, result.stderr[-3000:]
     return output_dir / "train"
-
-
-# A tiny ModernBERT: global and local layers, a window of 8 (test_run_mlm.py's)
-MODERNBERT_CONFIG = {
-    "model_type": "modernbert",
-    "hidden_size": 32,
-    "intermediate_size": 40,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 4,
-    "global_attn_every_n_layers": 3,
-    "local_attention": 8,
-}
 
 
 def test_a_modernbert_branch_trains_at_a_longer_length_with_a_larger_rope_theta(
