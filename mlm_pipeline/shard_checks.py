@@ -166,12 +166,7 @@ def read_training_manifests(train_dataset, eval_dataset, named_tokenizer):
     fingerprint = vocabulary_fingerprint(tokenizer)
     for flag, manifest in manifests.items():
         check_vocabulary(manifest, flag, fingerprint, tokenizer_name, tokenizer_flag)
-        if manifest["vocab_size"] != len(tokenizer):
-            raise UsageError(
-                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
-                f"tokens, but {tokenizer_flag} has {len(tokenizer)}; pass the tokenizer the "
-                "shards were made with."
-            )
+        check_vocabulary_size(manifest, flag, len(tokenizer), tokenizer_flag)
     train, evaluation = manifests["--train_dataset"], manifests.get("--eval_dataset")
     if evaluation is not None and evaluation["max_length"] != train["max_length"]:
         raise UsageError(
@@ -181,6 +176,17 @@ def read_training_manifests(train_dataset, eval_dataset, named_tokenizer):
     for flag, manifest in manifests.items():
         check_shards(manifest, flag, len(tokenizer))
     return train, evaluation
+
+
+def check_vocabulary_size(manifest, flag, size, tokenizer_flag):
+    """The shards of `flag` were written with a tokenizer of `size` tokens, the one
+    `tokenizer_flag` names."""
+    if manifest["vocab_size"] != size:
+        raise UsageError(
+            f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
+            f"tokens, but {tokenizer_flag} has {size}; pass the tokenizer the shards were made "
+            "with."
+        )
 
 
 def read_evaluation_manifests(evaluation_sets, train_manifest, named_tokenizer):
@@ -195,12 +201,7 @@ def read_evaluation_manifests(evaluation_sets, train_manifest, named_tokenizer):
     for evaluation_set, flag in zip(evaluation_sets, flags):
         manifest = read_manifest(evaluation_set.path, flag)
         check_vocabulary(manifest, flag, fingerprint, named_tokenizer.name, named_tokenizer.flag)
-        if manifest["vocab_size"] != len(tokenizer):
-            raise UsageError(
-                f"the shards in {flag} were written with a tokenizer of {manifest['vocab_size']} "
-                f"tokens, but {named_tokenizer.flag} has {len(tokenizer)}; pass the tokenizer the "
-                "shards were made with."
-            )
+        check_vocabulary_size(manifest, flag, len(tokenizer), named_tokenizer.flag)
         if manifest["max_length"] != train_manifest["max_length"]:
             raise UsageError(
                 f"{flag} {evaluation_set.path} has shards of max_length "
@@ -220,18 +221,13 @@ def read_mixture_manifests(folders, first, named_tokenizer):
     it: the folders must share the tokenizer and the sequence length, since every batch mixes their
     sequences. A folder that does not is refused in one line that names it and both values."""
     tokenizer = named_tokenizer.tokenizer
+    fingerprint = vocabulary_fingerprint(tokenizer)
     manifests = [first]
     for folder in folders[1:]:
         manifest = read_manifest(folder, "--train_dataset")
         check_same_shards(manifest, folder, first, folders[0])
         flag = f"--train_dataset {folder.rstrip('/')}"
-        check_vocabulary(
-            manifest,
-            flag,
-            vocabulary_fingerprint(tokenizer),
-            named_tokenizer.name,
-            named_tokenizer.flag,
-        )
+        check_vocabulary(manifest, flag, fingerprint, named_tokenizer.name, named_tokenizer.flag)
         manifests.append(manifest)
     for folder, manifest in zip(folders[1:], manifests[1:]):
         check_shards(manifest, f"--train_dataset {folder.rstrip('/')}", len(tokenizer))
