@@ -173,16 +173,16 @@ def build_dataset(
     dataset = epochs.flat_map(epoch_batches)  # fit() counts the steps: the stream may be endless
     if start_batch:
         dataset = dataset.skip(start_batch)  # skipped batches are read, but not parsed or masked
-    features = contract.record_features(max_length)
+    mask = functools.partial(
+        masked_batch,
+        max_length=max_length,
+        pieces=pieces,
+        mlm_probability=mlm_probability,
+        tables=tables,
+    )
 
     def parse_and_mask(epoch, index, serialized):
-        # Parsing a whole batch in one op is far cheaper than parsing records one by one.
-        input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
-        input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks drawn per piece
-        masked_ids, positions, labels = mask_tokens(
-            input_ids, seed_for(epoch, index), mlm_probability, **tables
-        )
-        return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
+        return mask(serialized, seed_for(epoch, index))
 
     dataset = dataset.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
@@ -245,16 +245,17 @@ def build_mixture_dataset(
     )
     mixed = tf.data.Dataset.choose_from_datasets(streams, choices.skip(into_chunk))
     batches = mixed.batch(batch_size, drop_remainder=True).enumerate(start=start_batch)
-    features = contract.record_features(max_length)
     mask_seed = folded_seed(base_seed, MASKS)
+    mask = functools.partial(
+        masked_batch,
+        max_length=max_length,
+        pieces=pieces,
+        mlm_probability=masking.train_probability,
+        tables=tables,
+    )
 
     def parse_and_mask(index, serialized):
-        input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
-        input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks drawn per piece
-        masked_ids, positions, labels = mask_tokens(
-            input_ids, folded_seed(mask_seed, index), masking.train_probability, **tables
-        )
-        return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
+        return mask(serialized, folded_seed(mask_seed, index))
 
     dataset = batches.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
@@ -323,6 +324,18 @@ def epoch_records(files, seed_for, epoch, shuffle_buffer_size=None):
             )
         )
     return records
+
+
+def masked_batch(serialized, seed, *, max_length, pieces, mlm_probability, tables):
+    """A batch of serialized records parsed and masked with `seed` (mask_tokens, `tables` its
+    token_tables): ({"input_ids", "masked_positions"}, labels), each sequence cut into `pieces` (the
+    sequence-length warmup's) before its masks are drawn."""
+    # Parsing a whole batch in one op is far cheaper than parsing records one by one.
+    features = contract.record_features(max_length)
+    input_ids = tf.cast(tf.io.parse_example(serialized, features)[FEATURE_NAME], tf.int32)
+    input_ids = tf.reshape(input_ids, [-1, max_length // pieces])  # masks drawn per piece
+    masked_ids, positions, labels = mask_tokens(input_ids, seed, mlm_probability, **tables)
+    return {FEATURE_NAME: masked_ids, "masked_positions": positions}, labels
 
 
 def folded_seed(seed, *numbers):
