@@ -325,32 +325,35 @@ def masking_row(masking, mask):
     )
 
 
+def number(metrics, key, digits=4):
+    """The figure `key` of `metrics` with `digits` decimals, "–" where missing."""
+    value = metrics.get(key)
+    return "–" if value is None else f"{float(value):.{digits}f}"
+
+
+def percent(metrics, key):
+    """The share `key` of `metrics` as a percentage, "–" where missing."""
+    value = metrics.get(key)
+    return "–" if value is None else f"{100 * float(value):.2f}%"
+
+
 def results(metrics, steps, tokens_seen, mask):
     """The latest figures, train and evaluation, over the masked positions ("–" where missing)."""
-
-    def number(key, digits=4):
-        value = metrics.get(key)
-        return "–" if value is None else f"{float(value):.{digits}f}"
-
-    def percent(key):
-        value = metrics.get(key)
-        return "–" if value is None else f"{100 * float(value):.2f}%"
-
     train_perplexity = "–"
     if "loss" in metrics:
         train_perplexity = f"{training_logs.perplexity(float(metrics['loss'])):.2f}"
     rows = [
-        ["masked-LM loss", number("loss"), number("val_loss")],
-        ["perplexity", train_perplexity, number("val_perplexity", 2)],
+        ["masked-LM loss", number(metrics, "loss"), number(metrics, "val_loss")],
+        ["perplexity", train_perplexity, number(metrics, "val_perplexity", 2)],
         [
             "masked accuracy (every labelled position)",
-            percent("masked_accuracy"),
-            percent("val_masked_accuracy"),
+            percent(metrics, "masked_accuracy"),
+            percent(metrics, "val_masked_accuracy"),
         ],
         [
             f"accuracy at `{mask}`",
-            percent("mask_token_accuracy"),
-            percent("val_mask_token_accuracy"),
+            percent(metrics, "mask_token_accuracy"),
+            percent(metrics, "val_mask_token_accuracy"),
         ],
     ]
     seen = (
@@ -366,20 +369,11 @@ def validation_sets(metrics, data, mask):
     names = [one.name for one in mixture.evaluation_sets(data.eval_dataset)]
     if len(names) < 2:
         return ""
-
-    def number(key):
-        value = metrics.get(key)
-        return "–" if value is None else f"{float(value):.4f}"
-
-    def percent(key):
-        value = metrics.get(key)
-        return "–" if value is None else f"{100 * float(value):.2f}%"
-
     rows = [
         [
             f"`{name}`",
-            number(f"val_{name}_loss"),
-            percent(f"val_{name}_mask_token_accuracy"),
+            number(metrics, f"val_{name}_loss"),
+            percent(metrics, f"val_{name}_mask_token_accuracy"),
         ]
         for name in names
     ]
@@ -405,7 +399,7 @@ def averaged_checkpoints(averaged, mask):
         return text + " Neither model was evaluated: no evaluation shards were given."
 
     def figures(logs):
-        return [f"{logs['loss']:.4f}", f"{100 * logs['mask_token_accuracy']:.2f}%"]
+        return [number(logs, "loss"), percent(logs, "mask_token_accuracy")]
 
     models = [
         (f"average of {len(averaged.steps)} checkpoints (this folder)", averaged.average),
