@@ -16,7 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from . import segments
+from . import segments, validation_sets
 from .contract import LAST_STEP_DIR
 from .errors import UsageError
 
@@ -112,17 +112,18 @@ def evaluate(trainer, evaluation):
     set's (the one val_loss means), and under "sets" each set's by its name."""
     if evaluation is None:
         return None
-    sets = evaluation.sets or (evaluation,)
-    figures = {}
-    for evaluation_set in sets:
-        logs = trainer.evaluate(
-            evaluation_set.dataset, steps=evaluation_set.batches, return_dict=True, verbose=0
-        )
-        figures[getattr(evaluation_set, "name", "")] = {
-            name: float(logs[name]) for name in ("loss", "mask_token_accuracy")
-        }
-    first = next(iter(figures.values()))
-    return {**first, "sets": figures} if evaluation.sets else first
+
+    def scored(dataset, batches):
+        logs = trainer.evaluate(dataset, steps=batches, return_dict=True, verbose=0)
+        return {figure: float(logs[figure]) for figure in validation_sets.FIGURES}
+
+    first = scored(evaluation.dataset, evaluation.batches)
+    if not evaluation.sets:
+        return first
+    sets = {evaluation.sets[0].name: first}  # the first set is evaluation.dataset itself
+    for evaluation_set in evaluation.sets[1:]:
+        sets[evaluation_set.name] = scored(evaluation_set.dataset, evaluation_set.batches)
+    return {**first, "sets": sets}
 
 
 @dataclasses.dataclass(frozen=True)

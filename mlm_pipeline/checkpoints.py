@@ -72,9 +72,8 @@ def resume_settings(
         key: value for key, value in config.to_dict().items() if key != "transformers_version"
     }
     optimizer = dataclasses.asdict(settings.optimizer)
-    if (
-        optimizer["decay_shape"] == "linear"
-    ):  # recorded as before there was a choice: old runs resume
+    # a linear decay is recorded as it was before there was a choice, so that old runs resume
+    if optimizer["decay_shape"] == "linear":
         del optimizer["decay_shape"]
     settings = {
         **stream_settings(settings.masking, train_manifest, global_batch_size, mixture),

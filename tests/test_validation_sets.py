@@ -71,8 +71,14 @@ def two_sets(shards_dir, tokenizer_dir, domain, tmp_path_factory):
     general = shards_dir / "validation"
     printed = io.StringIO()
     with redirect_stdout(printed):
+        # the two checkpoints of its two evaluations averaged: each model scored on each set
         argv = run_flags(
-            shards_dir, tokenizer_dir, folder / "both", f"general={general}", f"domain={domain}"
+            shards_dir,
+            tokenizer_dir,
+            folder / "both",
+            f"general={general}",
+            f"domain={domain}",
+            average_last=2,
         )
         run_mlm.main(run_mlm.parse_args(argv))
     alone = run_flags(shards_dir, tokenizer_dir, folder / "alone", domain)
@@ -126,6 +132,9 @@ def test_each_set_is_in_tensorboard_the_checkpoints_row_the_card_and_the_summary
         accuracy = 100 * float(rows[-1][f"val_{name}_mask_token_accuracy"])
         assert f"| `{name}` | {loss:.4f} | {accuracy:.2f}% |" in card
         assert f"| evaluation ({name}) |" in card
+        # --average_last: the last step's model scored on each set as its last evaluation was
+        assert f"| last step (`last_step/`), `{name}` | {loss:.4f} | {accuracy:.2f}% |" in card
+        assert f"| average of 2 checkpoints (this folder), `{name}` |" in card
     assert (both / contract.CURVES_NAME).stat().st_size > 0
     assert "Each evaluation scores 2 validation sets, val_loss the first's:" in printed
     summary = printed.strip().splitlines()[-1]
